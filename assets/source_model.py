@@ -1,0 +1,69 @@
+"""``source_model``: the registered version, downloaded and described.
+
+The first step of every deploy. Partition ``gec.v3`` resolves version 3 of registered
+model ``gec`` in MLflow, downloads its artifacts under the model store, and records its
+flavor, parameter count, signature and size as materialization metadata.
+"""
+
+
+import time
+
+from dagster import AssetExecutionContext, DynamicPartitionsDefinition, MetadataValue, Output, asset
+
+from assets.model_files import describe
+from pipelines.registry import parse_partition_key
+from pipelines.resources import ModelStoreResource, RegistryResource
+
+#: One partition per registered model version, keyed "<model>.v<version>".
+model_versions = DynamicPartitionsDefinition(name="model_versions")
+
+
+@asset(
+    partitions_def=model_versions,
+    group_name="deploy",
+    kinds={"mlflow"},
+    description="The registered model version, downloaded from MLflow and described.",
+)
+def source_model(
+    context: AssetExecutionContext, registry: RegistryResource, model_store: ModelStoreResource
+) -> Output[dict]:
+    model, version = parse_partition_key(context.partition_key)
+    client = registry.client()
+    registered = client.model_version(model, version)
+    started = time.monotonic()
+    local_dir = client.download(model, version, model_store.version_dir(model, version, "source"))
+    download_s = time.monotonic() - started
+    described = describe(local_dir)
+    context.log.info(
+        f"{model} v{version}: {described.flavor}, {described.size_bytes / 1e6:.1f} MB, "
+        f"{described.parameter_count or 'unknown'} parameters"
+    )
+    value = {
+        "model": model,
+        "version": version,
+        "local_dir": str(local_dir),
+        "source": registered.source,
+        "run_id": registered.run_id,
+        "flavor": described.flavor,
+        "is_llm": described.is_llm,
+        "parameter_count": described.parameter_count,
+        "signature": described.signature,
+        "size_bytes": described.size_bytes,
+    }
+    metadata = {
+        "model": model,
+        "version": version,
+        "source": registered.source,
+        "run_id": registered.run_id or "",
+        "flavor": described.flavor,
+        "flavors": ", ".join(described.flavors),
+        "kind": "llm" if described.is_llm else "classic",
+        "parameter_count": described.parameter_count if described.parameter_count is not None else -1,
+        "size_bytes": described.size_bytes,
+        "size_mb": round(described.size_bytes / 1e6, 2),
+        "file_count": described.file_count,
+        "download_s": round(download_s, 2),
+        "local_dir": MetadataValue.path(str(local_dir)),
+        "signature": MetadataValue.json(described.signature or {}),
+    }
+    return Output(value, metadata=metadata)

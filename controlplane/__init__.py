@@ -1,0 +1,1 @@
+"""modelplane's control plane: state, endpoint specs, the admin API and the CLI."""

@@ -1,0 +1,113 @@
+"""The admin API: health, the MLflow webhook receiver and read access to endpoint specs.
+
+Routes are thin: they read the request, call :class:`WebhookReceiver` or a store, and map
+the result (or a :class:`~controlplane.webhooks.WebhookRejected`) to a response. Run it with
+``python -m controlplane.admin_api`` (``modelplane up`` does).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy import Engine, text
+
+from controlplane.store import EndpointStore, WebhookInbox
+from controlplane.webhooks import EVENTS, MAX_BODY_BYTES, WebhookRejected, verify
+
+
+@dataclass
+class WebhookReceiver:
+    """Verify a delivery, then store it once in the inbox; never store a rejected one."""
+
+    secret: str
+    inbox: WebhookInbox
+    now_s: Callable[[], float] = time.time
+    tolerance_s: float = 300.0
+
+    def receive(self, headers: dict[str, str | None], body: bytes) -> dict:
+        event = verify(
+            secret=self.secret,
+            delivery_id=headers.get("x-mlflow-delivery-id"),
+            timestamp=headers.get("x-mlflow-timestamp"),
+            signature=headers.get("x-mlflow-signature"),
+            body=body,
+            now_s=self.now_s(),
+            tolerance_s=self.tolerance_s,
+        )
+        if self.inbox.contains(event.delivery_id):
+            raise WebhookRejected(401, f"delivery {event.delivery_id} was already received; refusing a replay")
+        if event.event not in EVENTS:
+            return {"status": "ignored", "event": event.event, "reason": f"modelplane acts on {', '.join(EVENTS)}"}
+        if not self.inbox.add(event.delivery_id, event.event, event.registered_model, event.raw_body):
+            raise WebhookRejected(401, f"delivery {event.delivery_id} was already received; refusing a replay")
+        return {"status": "accepted", "event": event.event, "model": event.registered_model}
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": message})
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise WebhookRejected(413, f"body is {declared} bytes; the limit is {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise WebhookRejected(413, f"body is larger than the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(engine: Engine, receiver: WebhookReceiver, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    app = FastAPI(title="modelplane admin API", version="0.1.0")
+    endpoints = EndpointStore(engine)
+
+    @app.exception_handler(WebhookRejected)
+    async def _rejected(_request: Request, exc: WebhookRejected) -> JSONResponse:
+        return _error(exc.status, str(exc))
+
+    @app.get("/healthz")
+    def healthz() -> dict:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+        return {"status": "ok"}
+
+    @app.post("/webhooks/mlflow")
+    async def mlflow_webhook(request: Request) -> dict:
+        body = await _read_body(request, max_body_bytes)
+        return receiver.receive(dict(request.headers), body)
+
+    @app.get("/endpoints")
+    def list_endpoints() -> list[dict]:
+        return [spec.model_dump(mode="json") for spec in endpoints.list()]
+
+    @app.get("/endpoints/{name}")
+    def show_endpoint(name: str):
+        spec = endpoints.get(name)
+        if spec is None:
+            return _error(404, f"no endpoint named {name!r}; `modelplane endpoints list` shows what exists")
+        return spec.model_dump(mode="json")
+
+    return app
+
+
+def main() -> None:
+    import uvicorn
+
+    from controlplane.db import make_engine
+    from controlplane.settings import Settings
+
+    settings = Settings.from_env()
+    engine = make_engine(settings.database_url)
+    receiver = WebhookReceiver(secret=settings.secrets().webhook_secret, inbox=WebhookInbox(engine))
+    uvicorn.run(create_app(engine, receiver), host=settings.host, port=settings.ports.admin_port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""The ``modelplane`` command line: ``up``, ``demo``, ``endpoints …`` and ``db …``."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from controlplane import db
+from controlplane.settings import Settings
+from controlplane.specs import SpecError, json_schema, load_spec
+
+app = typer.Typer(help="modelplane: self-hosted model serving built from Dagster assets.", no_args_is_help=True)
+endpoints_app = typer.Typer(help="Endpoint specs: which registered model alias to serve, and how.", no_args_is_help=True)
+db_app = typer.Typer(help="The control-plane database schema.", no_args_is_help=True)
+app.add_typer(endpoints_app, name="endpoints")
+app.add_typer(db_app, name="db")
+console = Console()
+errors = Console(stderr=True)
+
+PortOption = typer.Option(None, min=1, max=65535)
+
+
+def _settings(mlflow_port: int | None = None, dagster_port: int | None = None, admin_port: int | None = None) -> Settings:
+    settings = Settings.from_env()
+    overrides = {k: v for k, v in {"mlflow_port": mlflow_port, "dagster_port": dagster_port,
+                                   "admin_port": admin_port}.items() if v is not None}
+    if overrides:
+        settings = settings.model_copy(update={"ports": settings.ports.model_copy(update=overrides)})
+    return settings
+
+
+def _fail(message: str, code: int = 1) -> None:
+    errors.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _stores(settings: Settings):
+    from controlplane.store import EndpointStore
+
+    db.upgrade(settings.database_url)
+    return EndpointStore(db.make_engine(settings.database_url))
+
+
+def serve_until_stopped(platform, on_tick=None) -> int:
+    """Block until Ctrl-C or SIGTERM, or until a service dies (then return 1)."""
+    stop = {"requested": False}
+
+    def _request_stop(signum, _frame) -> None:
+        stop["requested"] = True
+
+    previous = signal.signal(signal.SIGTERM, _request_stop)
+    try:
+        while not stop["requested"]:
+            dead = platform.dead_services()
+            if dead:
+                names = ", ".join(f"{s.name} (exit {s.process.returncode})" for s in dead)
+                errors.print(f"[red]{names} stopped unexpectedly; see {platform.settings.logs_dir}[/red]")
+                return 1
+            if on_tick is not None:
+                on_tick()
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 0
+
+
+def print_urls(platform) -> None:
+    for name, url in platform.urls().items():
+        console.print(f"  {name:<11} {url}")
+    console.print(f"  {'State':<11} {platform.settings.home}")
+
+
+@app.command()
+def up(
+    mlflow_port: int = typer.Option(None, min=1, max=65535, help="MLflow port (default 5000, env MODELPLANE_MLFLOW_PORT)."),
+    dagster_port: int = typer.Option(None, min=1, max=65535, help="Dagster UI port (default 3000, env MODELPLANE_DAGSTER_PORT)."),
+    admin_port: int = typer.Option(None, min=1, max=65535, help="Admin API port (default 8100, env MODELPLANE_ADMIN_PORT)."),
+) -> None:
+    """Start MLflow, Dagster (webserver + daemon) and the admin API; Ctrl-C stops them all."""
+    from controlplane.platform import Platform, PlatformError
+
+    platform = Platform(_settings(mlflow_port, dagster_port, admin_port), log=lambda m: console.print(f"[dim]{m}[/dim]"))
+    try:
+        platform.start()
+    except PlatformError as exc:
+        _fail(str(exc))
+    try:
+        console.print("[bold green]modelplane is up[/bold green] (Ctrl-C to stop)")
+        print_urls(platform)
+        code = serve_until_stopped(platform)
+    finally:
+        console.print("stopping…")
+        platform.stop()
+    raise typer.Exit(code)
+
+
+@app.command()
+def demo(
+    exit_when_started: bool = typer.Option(False, "--exit", help="Stop the platform once the deploy runs have finished."),
+    mlflow_port: int = typer.Option(None, min=1, max=65535),
+    dagster_port: int = typer.Option(None, min=1, max=65535),
+    admin_port: int = typer.Option(None, min=1, max=65535),
+) -> None:
+    """`up`, then register the demo models (gec, iris) with alias champion and follow their deploy runs."""
+    from controlplane.demo_flow import run_demo
+
+    raise typer.Exit(run_demo(_settings(mlflow_port, dagster_port, admin_port), console, keep_running=not exit_when_started))
+
+
+@endpoints_app.command("create")
+def endpoints_create(file: Path = typer.Option(..., "-f", "--file", help="YAML endpoint spec.")) -> None:
+    """Validate a spec and store it (replacing the spec of the same name)."""
+    try:
+        spec = load_spec(file)
+    except SpecError as exc:
+        _fail(f"{file} is not a valid endpoint spec:\n{exc}", code=2)
+    created = _stores(Settings.from_env()).put(spec)
+    console.print(f"endpoint [bold]{spec.name}[/bold] {'created' if created else 'updated'}: serves {spec.model}")
+
+
+@endpoints_app.command("list")
+def endpoints_list() -> None:
+    """List stored endpoint specs."""
+    specs = _stores(Settings.from_env()).list()
+    table = Table("name", "model", "runtime", "replicas", "p99 SLO (ms)")
+    for spec in specs:
+        table.add_row(spec.name, spec.model, spec.runtime.value,
+                      f"{spec.scaling.min_replicas}–{spec.scaling.max_replicas}", f"{spec.slo.p99_latency_ms:g}")
+    console.print(table)
+
+
+@endpoints_app.command("show")
+def endpoints_show(name: str) -> None:
+    """Print one spec as JSON."""
+    spec = _stores(Settings.from_env()).get(name)
+    if spec is None:
+        _fail(f"no endpoint named {name!r}; `modelplane endpoints list` shows what exists")
+    print(spec.model_dump_json(indent=2))
+
+
+@endpoints_app.command("delete")
+def endpoints_delete(name: str) -> None:
+    """Delete a spec."""
+    if not _stores(Settings.from_env()).delete(name):
+        _fail(f"no endpoint named {name!r}")
+    console.print(f"endpoint [bold]{name}[/bold] deleted")
+
+
+@endpoints_app.command("schema")
+def endpoints_schema() -> None:
+    """Print the JSON schema of endpoint specs (docs/endpoint-spec.schema.json)."""
+    sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: str = "head") -> None:
+    """Apply migrations up to REVISION."""
+    settings = Settings.from_env()
+    db.upgrade(settings.database_url, revision)
+    console.print(f"control-plane schema at {revision}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(revision: str) -> None:
+    """Revert migrations down to REVISION ('base' drops every table)."""
+    settings = Settings.from_env()
+    db.downgrade(settings.database_url, revision)
+    console.print(f"control-plane schema at {revision}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,151 @@
+"""Where modelplane keeps its state and which ports it serves on.
+
+One typed object, built once per process from the environment. Every path lives under
+``MODELPLANE_HOME`` (default ``.modelplane/`` in the checkout):
+
+    .modelplane/
+      controlplane.db        control-plane database (SQLite, WAL) unless MODELPLANE_DATABASE_URL
+      mlflow/mlflow.db       MLflow backend store
+      mlflow/artifacts/      MLflow artifact store
+      dagster/               DAGSTER_HOME (dagster.yaml copied here, run and event storage)
+      models/                downloaded model versions (source_model)
+      logs/                  one log file per service started by ``modelplane up``
+      secrets.json           webhook secret and MLflow's webhook encryption key (mode 0600)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Ports(BaseModel):
+    """TCP ports on 127.0.0.1 for the services ``modelplane up`` starts."""
+
+    mlflow_port: int = Field(5000, ge=1, le=65535, description="MLflow tracking server")
+    dagster_port: int = Field(3000, ge=1, le=65535, description="Dagster webserver (UI)")
+    admin_port: int = Field(8100, ge=1, le=65535, description="modelplane admin API")
+
+
+class Settings(BaseModel):
+    """Paths, URLs and ports of one modelplane installation."""
+
+    home: Path
+    database_url: str
+    ports: Ports = Ports()
+    host: str = "127.0.0.1"
+    mlflow_tracking_uri_override: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> "Settings":
+        env = os.environ if environ is None else environ
+        home = Path(env.get("MODELPLANE_HOME", REPO_ROOT / ".modelplane")).resolve()
+        database_url = normalize_database_url(
+            env.get("MODELPLANE_DATABASE_URL") or f"sqlite:///{home / 'controlplane.db'}"
+        )
+        ports = Ports(
+            mlflow_port=int(env.get("MODELPLANE_MLFLOW_PORT", 5000)),
+            dagster_port=int(env.get("MODELPLANE_DAGSTER_PORT", 3000)),
+            admin_port=int(env.get("MODELPLANE_ADMIN_PORT", 8100)),
+        )
+        return cls(
+            home=home,
+            database_url=database_url,
+            ports=ports,
+            mlflow_tracking_uri_override=env.get("MLFLOW_TRACKING_URI"),
+        )
+
+    # -- derived paths -------------------------------------------------------------------
+    @property
+    def mlflow_dir(self) -> Path:
+        return self.home / "mlflow"
+
+    @property
+    def mlflow_backend_uri(self) -> str:
+        return f"sqlite:///{self.mlflow_dir / 'mlflow.db'}"
+
+    @property
+    def mlflow_artifacts_dir(self) -> Path:
+        return self.mlflow_dir / "artifacts"
+
+    @property
+    def dagster_home(self) -> Path:
+        return self.home / "dagster"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.home / "models"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def secrets_path(self) -> Path:
+        return self.home / "secrets.json"
+
+    # -- URLs ----------------------------------------------------------------------------
+    @property
+    def mlflow_url(self) -> str:
+        return f"http://{self.host}:{self.ports.mlflow_port}"
+
+    @property
+    def mlflow_tracking_uri(self) -> str:
+        """The MLflow server by default; ``MLFLOW_TRACKING_URI`` wins when set."""
+        return self.mlflow_tracking_uri_override or self.mlflow_url
+
+    @property
+    def dagster_url(self) -> str:
+        return f"http://{self.host}:{self.ports.dagster_port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.host}:{self.ports.admin_port}"
+
+    def ensure_dirs(self) -> None:
+        for path in (self.home, self.mlflow_artifacts_dir, self.dagster_home, self.models_dir, self.logs_dir):
+            path.mkdir(parents=True, exist_ok=True)
+
+    def secrets(self) -> "Secrets":
+        return Secrets.load_or_create(self.secrets_path)
+
+
+class Secrets(BaseModel):
+    """Generated once per installation and kept in ``secrets.json`` (mode 0600)."""
+
+    webhook_secret: str
+    mlflow_webhook_encryption_key: str
+
+    @classmethod
+    def load_or_create(cls, path: Path) -> "Secrets":
+        if path.exists():
+            return cls.model_validate_json(path.read_text())
+        from cryptography.fernet import Fernet
+
+        created = cls(
+            webhook_secret=secrets.token_urlsafe(32),
+            mlflow_webhook_encryption_key=Fernet.generate_key().decode(),
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(created.model_dump(), f)
+        return created
+
+
+def normalize_database_url(url: str) -> str:
+    """Use the psycopg 3 driver for plain ``postgresql://`` URLs.
+
+    >>> normalize_database_url("postgresql://postgres@127.0.0.1:5432/test")
+    'postgresql+psycopg://postgres@127.0.0.1:5432/test'
+    """
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    return url

@@ -1,0 +1,161 @@
+"""Endpoint specs: what a platform engineer writes to put a registered model behind a URL.
+
+A spec is YAML validated by :class:`EndpointSpec`. Unknown fields, wrong types, negative
+bounds and ``min_replicas > max_replicas`` are rejected with the field's dotted path in the
+message (see :func:`format_validation_error`). ``docs/endpoint-spec.schema.json`` is the
+exported JSON schema; ``tests/test_specs.py`` keeps it in step with this file.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+MODEL_URI = re.compile(r"^models:/(?P<model>[A-Za-z0-9][A-Za-z0-9_.\-]*)@(?P<alias>[A-Za-z][A-Za-z0-9_\-]*)$")
+ENDPOINT_NAME = r"^[a-z0-9]([a-z0-9\-]{0,61}[a-z0-9])?$"
+MAX_SPEC_BYTES = 64 * 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Runtime(str, Enum):
+    """Which server runs the replicas. ``auto`` picks from the model's MLflow flavor."""
+
+    auto = "auto"
+    vllm = "vllm"
+    pyfunc = "pyfunc"
+
+
+class QuantizationScheme(str, Enum):
+    auto = "auto"  # FP8 W8A8 on GPU hardware profiles, INT8 W8A8 on CPU profiles
+    fp8 = "fp8"
+    int8 = "int8"
+    none = "none"
+
+
+class WeightGranularity(str, Enum):
+    channel = "channel"
+    tensor = "tensor"
+
+
+class Quantization(_Strict):
+    scheme: QuantizationScheme = QuantizationScheme.auto
+    quantize_attention: bool = Field(True, description="Put q/k/v/o projections on the quantized path too, not only the MLP.")
+    weight_granularity: WeightGranularity = Field(
+        WeightGranularity.channel, description="Weight scales per output channel (default) or one per tensor."
+    )
+    kv_cache: bool = Field(False, description="Quantize the KV cache as well; trades quality for memory.")
+
+
+class EvalGate(_Strict):
+    dataset: str | None = Field(None, description="Evaluation set name; none means the runtime's default for the model.")
+    metric: str = Field("exact_match", description="Task metric compared between candidate, baseline and serving revision.")
+    max_regression: float = Field(
+        0.01, ge=0.0, le=1.0, description="Largest allowed drop of the metric (absolute, 0-1) against baseline and serving."
+    )
+
+
+class Slo(_Strict):
+    p99_latency_ms: float = Field(1000.0, gt=0, description="99th percentile request latency target, milliseconds.")
+    time_to_first_token_ms: float | None = Field(None, gt=0, description="LLMs: p99 time to first token, milliseconds.")
+
+
+class Scaling(_Strict):
+    min_replicas: int = Field(1, ge=0, description="Provisioned replicas; 0 allows scale to zero.")
+    max_replicas: int = Field(4, ge=1, description="Upper bound on replicas.")
+    target_concurrency: float | None = Field(
+        None, gt=0, description="In-flight requests per replica; none means take it from the benchmarked cost model."
+    )
+    scale_to_zero_grace_s: float = Field(300.0, ge=0, description="Idle seconds before the last replica goes.")
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> "Scaling":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) must not exceed max_replicas ({self.max_replicas})"
+            )
+        return self
+
+
+class RateLimits(_Strict):
+    requests_per_s: float | None = Field(None, gt=0, description="Per-endpoint request rate limit, requests per second.")
+    model_units_per_s: float | None = Field(None, gt=0, description="Per-endpoint cost rate limit, model units per second.")
+    per_token_requests_per_s: float | None = Field(None, gt=0, description="Per bearer token, requests per second.")
+
+
+class EndpointSpec(_Strict):
+    """One serving endpoint: a registered model's alias, and how to serve it."""
+
+    name: Annotated[str, Field(pattern=ENDPOINT_NAME, description="URL-safe endpoint name (DNS label).")]
+    model: Annotated[str, Field(description="Registered model and alias, e.g. models:/gec@champion.")]
+    runtime: Runtime = Runtime.auto
+    quantization: Quantization = Quantization()
+    eval_gate: EvalGate = EvalGate()
+    slo: Slo = Slo()
+    scaling: Scaling = Scaling()
+    rate_limits: RateLimits = RateLimits()
+
+    @field_validator("model")
+    @classmethod
+    def _model_uri_has_alias(cls, value: str) -> str:
+        if not MODEL_URI.match(value):
+            raise ValueError(f"must look like models:/<registered model>@<alias>, got {value!r}")
+        return value
+
+    @property
+    def registered_model(self) -> str:
+        return MODEL_URI.match(self.model)["model"]
+
+    @property
+    def alias(self) -> str:
+        return MODEL_URI.match(self.model)["alias"]
+
+
+class SpecError(ValueError):
+    """A spec that cannot be used, with a message that names the offending field."""
+
+
+def format_validation_error(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(spec)"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown field"
+        lines.append(f"{where}: {message}")
+    return "\n".join(lines)
+
+
+def parse_spec(text: str) -> EndpointSpec:
+    """Parse and validate YAML (or JSON) text into a spec, or raise :class:`SpecError`."""
+    if len(text.encode()) > MAX_SPEC_BYTES:
+        raise SpecError(f"spec is larger than {MAX_SPEC_BYTES} bytes")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SpecError("a spec must be a mapping with at least 'name' and 'model'")
+    try:
+        return EndpointSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(format_validation_error(exc)) from None
+
+
+def load_spec(path: Path) -> EndpointSpec:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror}") from None
+    return parse_spec(text)
+
+
+def json_schema() -> dict:
+    return EndpointSpec.model_json_schema()

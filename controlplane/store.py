@@ -1,0 +1,122 @@
+"""Reading and writing control-plane rows: endpoint specs and the webhook inbox.
+
+Both stores take an injected clock (``now``) so tests can fix time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from sqlalchemy import Engine, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from controlplane.schema import EndpointRow, WebhookInboxRow
+from controlplane.specs import EndpointSpec
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class EndpointStore:
+    def __init__(self, engine: Engine, now: Clock = utc_now) -> None:
+        self._engine = engine
+        self._now = now
+
+    def put(self, spec: EndpointSpec) -> bool:
+        """Create or replace the spec named ``spec.name``; True when it was new."""
+        now = self._now()
+        with Session(self._engine) as session, session.begin():
+            row = session.get(EndpointRow, spec.name)
+            created = row is None
+            if created:
+                row = EndpointRow(name=spec.name, created_at=now)
+                session.add(row)
+            row.registered_model = spec.registered_model
+            row.alias = spec.alias
+            row.spec = spec.model_dump(mode="json")
+            row.updated_at = now
+        return created
+
+    def get(self, name: str) -> EndpointSpec | None:
+        with Session(self._engine) as session:
+            row = session.get(EndpointRow, name)
+            return None if row is None else EndpointSpec.model_validate(row.spec)
+
+    def list(self) -> list[EndpointSpec]:
+        with Session(self._engine) as session:
+            rows = session.scalars(select(EndpointRow).order_by(EndpointRow.name))
+            return [EndpointSpec.model_validate(row.spec) for row in rows]
+
+    def delete(self, name: str) -> bool:
+        with Session(self._engine) as session, session.begin():
+            row = session.get(EndpointRow, name)
+            if row is None:
+                return False
+            session.delete(row)
+            return True
+
+
+@dataclass(frozen=True)
+class InboxItem:
+    delivery_id: str
+    event: str
+    registered_model: str
+    payload: str
+    received_at: datetime
+
+
+class WebhookInbox:
+    """Verified webhook deliveries, stored once each and drained by the registry sensor."""
+
+    def __init__(self, engine: Engine, now: Clock = utc_now) -> None:
+        self._engine = engine
+        self._now = now
+
+    def add(self, delivery_id: str, event: str, registered_model: str, payload: str) -> bool:
+        """Store a delivery; False (and nothing written) when the delivery id was seen before."""
+        try:
+            with Session(self._engine) as session, session.begin():
+                session.add(
+                    WebhookInboxRow(
+                        delivery_id=delivery_id,
+                        event=event,
+                        registered_model=registered_model,
+                        payload=payload,
+                        received_at=self._now(),
+                    )
+                )
+        except IntegrityError:
+            return False
+        return True
+
+    def contains(self, delivery_id: str) -> bool:
+        with Session(self._engine) as session:
+            return session.get(WebhookInboxRow, delivery_id) is not None
+
+    def pending(self, limit: int = 500) -> list[InboxItem]:
+        with Session(self._engine) as session:
+            rows = session.scalars(
+                select(WebhookInboxRow)
+                .where(WebhookInboxRow.processed_at.is_(None))
+                .order_by(WebhookInboxRow.received_at)
+                .limit(limit)
+            )
+            return [
+                InboxItem(r.delivery_id, r.event, r.registered_model, r.payload, r.received_at) for r in rows
+            ]
+
+    def mark_processed(self, delivery_ids: list[str]) -> None:
+        if not delivery_ids:
+            return
+        with Session(self._engine) as session, session.begin():
+            session.execute(
+                update(WebhookInboxRow)
+                .where(WebhookInboxRow.delivery_id.in_(delivery_ids))
+                .values(processed_at=self._now())
+            )

@@ -1,0 +1,1 @@
+"""The Dagster code location: definitions, the deploy job, sensors and resources."""

@@ -1,0 +1,29 @@
+"""The one composition root of the Dagster code location (``workspace.yaml`` loads it).
+
+Resources are built from ``controlplane.settings.Settings`` (environment variables set by
+``modelplane up``), with the same keys in every deployment.
+"""
+
+from dagster import Definitions
+
+from assets.source_model import source_model
+from controlplane.settings import Settings
+from pipelines.jobs import deploy_job
+from pipelines.resources import ControlPlaneResource, ModelStoreResource, RegistryResource
+from pipelines.sensors import registry_sensor
+
+
+def build_resources(settings: Settings) -> dict:
+    return {
+        "control_plane": ControlPlaneResource(database_url=settings.database_url),
+        "registry": RegistryResource(tracking_uri=settings.mlflow_tracking_uri),
+        "model_store": ModelStoreResource(root_dir=str(settings.models_dir)),
+    }
+
+
+defs = Definitions(
+    assets=[source_model],
+    jobs=[deploy_job],
+    sensors=[registry_sensor],
+    resources=build_resources(Settings.from_env()),
+)

@@ -1,0 +1,155 @@
+"""The model registry as the deploy pipeline needs it: three calls, one Protocol.
+
+``MlflowRegistry`` talks to a real MLflow tracking server (or a SQL store URI);
+``InMemoryRegistry`` is the fake for unit tests of logic. ``tests/test_registry.py``
+runs the same contract against both.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class RegisteredVersion:
+    model: str
+    version: str
+    source: str
+    run_id: str | None = None
+    description: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+class RegistryError(Exception):
+    """The registry could not answer (unreachable, or refused the request)."""
+
+
+class ModelRegistry(Protocol):
+    def alias_version(self, model: str, alias: str) -> str | None:
+        """The version the alias points at, or None when the model or alias does not exist."""
+
+    def model_version(self, model: str, version: str) -> RegisteredVersion:
+        """Details of one version; raises ``KeyError`` when it does not exist."""
+
+    def download(self, model: str, version: str, dst: Path) -> Path:
+        """Copy the version's artifacts into ``dst`` (replaced atomically) and return it."""
+
+
+def partition_key(model: str, version: str) -> str:
+    """``gec`` version ``3`` deploys as partition ``gec.v3``."""
+    return f"{model}.v{version}"
+
+
+def parse_partition_key(key: str) -> tuple[str, str]:
+    """Inverse of :func:`partition_key`: ``"gec.v3"`` → ``("gec", "3")``."""
+    model, sep, version = key.rpartition(".v")
+    if not sep or not model or not version.isdigit():
+        raise ValueError(f"partition key {key!r} is not of the form <model>.v<version>")
+    return model, version
+
+
+def _replace_dir(staging: Path, dst: Path) -> None:
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    staging.rename(dst)
+
+
+class MlflowRegistry:
+    """The MLflow model registry (``MlflowClient``) behind :class:`ModelRegistry`."""
+
+    def __init__(self, tracking_uri: str) -> None:
+        from mlflow import MlflowClient
+
+        self.tracking_uri = tracking_uri
+        self._client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+    def alias_version(self, model: str, alias: str) -> str | None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return str(self._client.get_model_version_by_alias(model, alias).version)
+        except MlflowException as exc:
+            if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+                return None
+            raise RegistryError(f"MLflow at {self.tracking_uri}: {exc.message}") from exc
+        except OSError as exc:  # requests' ConnectionError is an OSError
+            raise RegistryError(f"MLflow at {self.tracking_uri} is unreachable: {exc}") from exc
+
+    def model_version(self, model: str, version: str) -> RegisteredVersion:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            mv = self._client.get_model_version(model, version)
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                raise KeyError(f"{model} version {version} is not registered") from exc
+            raise RegistryError(f"MLflow at {self.tracking_uri}: {exc.message}") from exc
+        return RegisteredVersion(
+            model=mv.name,
+            version=str(mv.version),
+            source=mv.source,
+            run_id=mv.run_id or None,
+            description=mv.description or None,
+            tags=dict(mv.tags or {}),
+        )
+
+    def download(self, model: str, version: str, dst: Path) -> Path:
+        import mlflow.artifacts
+
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}-", dir=dst.parent))
+        try:
+            mlflow.artifacts.download_artifacts(
+                artifact_uri=f"models:/{model}/{version}", dst_path=str(staging), tracking_uri=self.tracking_uri
+            )
+            _replace_dir(staging, dst)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return dst
+
+
+class InMemoryRegistry:
+    """A registry held in dicts, for tests. Files of a version are given as {relative path: bytes}."""
+
+    def __init__(self) -> None:
+        self._versions: dict[tuple[str, str], RegisteredVersion] = {}
+        self._files: dict[tuple[str, str], dict[str, bytes]] = {}
+        self._aliases: dict[tuple[str, str], str] = {}
+
+    def register(self, model: str, files: dict[str, bytes] | None = None, **details: object) -> str:
+        version = str(1 + sum(1 for m, _ in self._versions if m == model))
+        self._versions[(model, version)] = RegisteredVersion(
+            model=model, version=version, source=f"memory://{model}/{version}", **details
+        )
+        self._files[(model, version)] = dict(files or {})
+        return version
+
+    def set_alias(self, model: str, alias: str, version: str) -> None:
+        if (model, version) not in self._versions:
+            raise KeyError(f"{model} version {version} is not registered")
+        self._aliases[(model, alias)] = version
+
+    def alias_version(self, model: str, alias: str) -> str | None:
+        return self._aliases.get((model, alias))
+
+    def model_version(self, model: str, version: str) -> RegisteredVersion:
+        try:
+            return self._versions[(model, version)]
+        except KeyError:
+            raise KeyError(f"{model} version {version} is not registered") from None
+
+    def download(self, model: str, version: str, dst: Path) -> Path:
+        self.model_version(model, version)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}-", dir=dst.parent))
+        for relative, content in self._files[(model, version)].items():
+            (staging / relative).parent.mkdir(parents=True, exist_ok=True)
+            (staging / relative).write_bytes(content)
+        _replace_dir(staging, dst)
+        return dst
