@@ -96,6 +96,11 @@ def child_environment(settings: Settings, secrets: Secrets) -> dict[str, str]:
         "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY": secrets.mlflow_webhook_encryption_key,
         "MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https",
         "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true",
+        # A sensor tick must not hang for minutes on an unreachable MLflow: retry briefly,
+        # then skip the tick (the next one comes 5 s later).
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
         "PYTHONUNBUFFERED": "1",
     }
 

@@ -104,13 +104,15 @@ class MlflowRegistry:
         dst.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}-", dir=dst.parent))
         try:
-            mlflow.artifacts.download_artifacts(
-                artifact_uri=f"models:/{model}/{version}", dst_path=str(staging), tracking_uri=self.tracking_uri
+            # Resolve through our client: a "models:/" URI would use the process-wide registry URI.
+            source_uri = self._client.get_model_version_download_uri(model, version)
+            downloaded = mlflow.artifacts.download_artifacts(
+                artifact_uri=source_uri, dst_path=str(staging), tracking_uri=self.tracking_uri
             )
-            _replace_dir(staging, dst)
-        except BaseException:
+            # A directory source lands as <staging>/<its basename>; take whatever came back.
+            _replace_dir(Path(downloaded), dst)
+        finally:
             shutil.rmtree(staging, ignore_errors=True)
-            raise
         return dst
 
 

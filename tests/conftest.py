@@ -1,0 +1,78 @@
+"""Shared fixtures: databases (SQLite and the PostgreSQL server on 127.0.0.1:5432),
+a real MLflow registry on SQLite, and free ports."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from controlplane import db
+
+POSTGRES_ADMIN_URL = os.environ.get("MODELPLANE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'controlplane.db'}"
+
+
+@pytest.fixture
+def postgres_url():
+    """A fresh database on the local PostgreSQL server, dropped afterwards.
+
+    Skipped when no server answers, except in CI (CI=true), where it must exist.
+    """
+    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    name = f"modelplane_test_{uuid.uuid4().hex[:12]}"
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:  # noqa: BLE001 - any connection failure means "no server here"
+        admin.dispose()
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"PostgreSQL at {POSTGRES_ADMIN_URL} is not reachable: {exc}")
+    yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request) -> str:
+    """Every control-plane test that takes this fixture runs on both databases."""
+    return request.getfixturevalue(f"{request.param}_url")
+
+
+@pytest.fixture
+def migrated_engine(database_url: str):
+    db.upgrade(database_url)
+    engine = db.make_engine(database_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def mlflow_uri(tmp_path: Path) -> str:
+    """A real MLflow tracking and registry store (SQLite), no server."""
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture
+def mlflow_experiment(mlflow_uri: str, tmp_path: Path) -> str:
+    """An experiment whose artifacts live under tmp_path (not ./mlruns in the checkout)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    return client.create_experiment("tests", artifact_location=(tmp_path / "artifacts").as_uri())
