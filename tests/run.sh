@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs the whole suite (`make test` calls this after creating the environments).
+# Needs the PostgreSQL server on 127.0.0.1:5432 (user postgres, trust auth); starts it
+# when it is installed here but stopped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! .venv/bin/python - <<'PY' 2>/dev/null
+import psycopg
+psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", connect_timeout=3).close()
+PY
+then
+  if command -v pg_ctlcluster >/dev/null && ls /etc/postgresql >/dev/null 2>&1; then
+    echo "starting the local PostgreSQL server"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
+  else
+    echo "PostgreSQL is not reachable on 127.0.0.1:5432: its tests will be skipped (they fail under CI=true)"
+  fi
+fi
+
+exec .venv/bin/python -m pytest -p no:cacheprovider "$@"

