@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -13,8 +14,11 @@ from rich.console import Console
 from rich.table import Table
 
 from controlplane import db
-from controlplane.settings import Settings
+from controlplane.settings import OFFLINE_ENV, Settings
 from controlplane.specs import SpecError, json_schema, load_spec
+
+for _name, _value in OFFLINE_ENV.items():  # before anything imports mlflow
+    os.environ.setdefault(_name, _value)
 
 app = typer.Typer(help="modelplane: self-hosted model serving built from Dagster assets.", no_args_is_help=True)
 endpoints_app = typer.Typer(help="Endpoint specs: which registered model alias to serve, and how.", no_args_is_help=True)

@@ -26,7 +26,7 @@ import httpx
 import psutil
 
 from controlplane import db
-from controlplane.settings import REPO_ROOT, Secrets, Settings
+from controlplane.settings import OFFLINE_ENV, REPO_ROOT, Secrets, Settings
 from controlplane.webhooks import EVENTS
 
 WEBHOOK_NAME = "modelplane-registry"
@@ -86,6 +86,7 @@ def child_environment(settings: Settings, secrets: Secrets) -> dict[str, str]:
     """What every service inherits: where the state is, and MLflow's webhook settings."""
     return {
         **os.environ,
+        **OFFLINE_ENV,
         "MODELPLANE_HOME": str(settings.home),
         "MODELPLANE_DATABASE_URL": settings.database_url,
         "MODELPLANE_MLFLOW_PORT": str(settings.ports.mlflow_port),

@@ -23,6 +23,8 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+#: Given to every process modelplane starts: no usage telemetry leaves a self-hosted install.
+OFFLINE_ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
 
 
 class Ports(BaseModel):

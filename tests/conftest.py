@@ -4,6 +4,11 @@ a real MLflow registry on SQLite, and free ports."""
 from __future__ import annotations
 
 import os
+
+# MLflow decides at import whether to send usage telemetry. A self-hosted deployment turns it
+# off (controlplane.settings.OFFLINE_ENV); so do the tests, whose offline checks would see it.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("DO_NOT_TRACK", "1")
 import socket
 import uuid
 from pathlib import Path

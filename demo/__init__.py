@@ -1,0 +1,1 @@
+"""Demo models for modelplane: build small checkpoints and register them in MLflow."""
