@@ -23,10 +23,12 @@ for _name, _value in OFFLINE_ENV.items():  # before anything imports mlflow
 app = typer.Typer(help="modelplane: self-hosted model serving built from Dagster assets.", no_args_is_help=True)
 endpoints_app = typer.Typer(help="Endpoint specs: which registered model alias to serve, and how.", no_args_is_help=True)
 db_app = typer.Typer(help="The control-plane database schema.", no_args_is_help=True)
+tokens_app = typer.Typer(help="Bearer tokens for the router and the admin API.", no_args_is_help=True)
 app.add_typer(endpoints_app, name="endpoints")
+app.add_typer(tokens_app, name="tokens")
 app.add_typer(db_app, name="db")
-console = Console()
-errors = Console(stderr=True)
+console = Console(soft_wrap=True)
+errors = Console(stderr=True, soft_wrap=True)
 
 PortOption = typer.Option(None, min=1, max=65535)
 
@@ -52,29 +54,31 @@ def _stores(settings: Settings):
     return EndpointStore(db.make_engine(settings.database_url))
 
 
-def serve_until_stopped(platform, on_tick=None) -> int:
-    """Block until Ctrl-C or SIGTERM, or until a service dies (then return 1)."""
-    stop = {"requested": False}
+def stop_on_signals() -> None:
+    """Turn SIGTERM and SIGHUP into KeyboardInterrupt, like Ctrl-C.
 
-    def _request_stop(signum, _frame) -> None:
-        stop["requested"] = True
+    Installed before anything starts, so a signal that arrives while services are still
+    starting unwinds through ``Platform.stop`` too instead of orphaning them.
+    """
+    def _interrupt(signum, _frame) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
 
-    previous = signal.signal(signal.SIGTERM, _request_stop)
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
+
+
+def serve_until_stopped(platform) -> int:
+    """Block until Ctrl-C, SIGTERM or SIGHUP (return 0), or until a service dies (return 1)."""
     try:
-        while not stop["requested"]:
+        while True:
             dead = platform.dead_services()
             if dead:
                 names = ", ".join(f"{s.name} (exit {s.process.returncode})" for s in dead)
                 errors.print(f"[red]{names} stopped unexpectedly; see {platform.settings.logs_dir}[/red]")
                 return 1
-            if on_tick is not None:
-                on_tick()
             time.sleep(0.5)
     except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    return 0
+        return 0
 
 
 def print_urls(platform) -> None:
@@ -92,11 +96,14 @@ def up(
     """Start MLflow, Dagster (webserver + daemon) and the admin API; Ctrl-C stops them all."""
     from controlplane.platform import Platform, PlatformError
 
+    stop_on_signals()
     platform = Platform(_settings(mlflow_port, dagster_port, admin_port), log=lambda m: console.print(f"[dim]{m}[/dim]"))
     try:
         platform.start()
     except PlatformError as exc:
         _fail(str(exc))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
     try:
         console.print("[bold green]modelplane is up[/bold green] (Ctrl-C to stop)")
         print_urls(platform)
@@ -117,6 +124,7 @@ def demo(
     """`up`, then register the demo models (gec, iris) with alias champion and follow their deploy runs."""
     from controlplane.demo_flow import run_demo
 
+    stop_on_signals()
     raise typer.Exit(run_demo(_settings(mlflow_port, dagster_port, admin_port), console, keep_running=not exit_when_started))
 
 
@@ -163,6 +171,47 @@ def endpoints_delete(name: str) -> None:
 def endpoints_schema() -> None:
     """Print the JSON schema of endpoint specs (docs/endpoint-spec.schema.json)."""
     sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
+
+
+def _tokens():
+    from controlplane.tokens import TokenStore
+
+    settings = Settings.from_env()
+    db.upgrade(settings.database_url)
+    return TokenStore(db.make_engine(settings.database_url))
+
+
+@tokens_app.command("create")
+def tokens_create(
+    endpoint: list[str] = typer.Option([], "--endpoint", "-e", help="Endpoint the token may call (repeatable)."),
+    admin: bool = typer.Option(False, "--admin", help="May call every endpoint and the admin API."),
+    description: str = typer.Option(None, "--description", help="Who or what the token is for."),
+) -> None:
+    """Create a token and print it once; only its SHA-256 is stored."""
+    if not endpoint and not admin:
+        _fail("give at least one --endpoint NAME, or --admin", code=2)
+    token_id, token = _tokens().create(endpoint, admin=admin, description=description)
+    errors.print(f"token {token_id} for {'every endpoint (admin)' if admin else ', '.join(endpoint)}; "
+                 "it is shown only now:")
+    print(token)
+
+
+@tokens_app.command("list")
+def tokens_list() -> None:
+    """List tokens (never the tokens themselves)."""
+    table = Table("id", "endpoints", "admin", "revoked", "created", "description")
+    for row in _tokens().list():
+        table.add_row(row["id"], ", ".join(row["endpoints"]) or "-", "yes" if row["admin"] else "",
+                      "yes" if row["revoked"] else "", f"{row['created_at']:%Y-%m-%d %H:%M}", row["description"] or "")
+    console.print(table)
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(token_id: str) -> None:
+    """Revoke a token by id; the router refuses it within a second."""
+    if not _tokens().revoke(token_id):
+        _fail(f"no live token with id {token_id!r}")
+    console.print(f"token {token_id} revoked")
 
 
 @db_app.command("upgrade")

@@ -113,6 +113,33 @@ def follow_runs(settings: Settings, console: Console, partitions: list[str], sta
     return False
 
 
+GEC_QUESTION = "Correct the grammar: she go to school yesterday."
+IRIS_ROWS = [[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]]
+
+
+def ask_both_endpoints(settings: Settings, console: Console) -> bool:
+    """Create a token for the demo endpoints and ask each one a question through the router."""
+    from openai import OpenAI
+
+    from controlplane.tokens import TokenStore
+
+    _, token = TokenStore(db.make_engine(settings.database_url)).create(
+        ["gec", "iris"], description="modelplane demo")
+    console.print(f"token for gec and iris (shown once): [bold]{token}[/bold]")
+    client = OpenAI(base_url=f"{settings.router_url}/v1", api_key=token)
+    chat = client.chat.completions.create(model="gec", messages=[{"role": "user", "content": GEC_QUESTION}],
+                                          max_tokens=48, temperature=0)
+    console.print(f"[bold]gec[/bold] (openai client, {settings.router_url}/v1/chat/completions)")
+    console.print(f"  Q: {GEC_QUESTION}\n  A: {chat.choices[0].message.content.strip()}")
+    columns = ["sepal length (cm)", "sepal width (cm)", "petal length (cm)", "petal width (cm)"]
+    response = httpx.post(f"{settings.router_url}/serving-endpoints/iris/invocations", timeout=30,
+                          headers={"Authorization": f"Bearer {token}"},
+                          json={"dataframe_split": {"columns": columns, "data": IRIS_ROWS}})
+    console.print(f"[bold]iris[/bold] (HTTP, {settings.router_url}/serving-endpoints/iris/invocations)")
+    console.print(f"  rows {IRIS_ROWS} → {response.status_code} {response.text.strip()}")
+    return response.status_code == 200 and bool(chat.choices[0].message.content)
+
+
 def run_demo(settings: Settings, console: Console, keep_running: bool = True) -> int:
     from controlplane.cli import print_urls, serve_until_stopped
     from controlplane.platform import Platform, PlatformError
@@ -124,6 +151,8 @@ def run_demo(settings: Settings, console: Console, keep_running: bool = True) ->
     except PlatformError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 1
+    except KeyboardInterrupt:
+        return 130
     try:
         console.print(f"[bold green]modelplane is up[/bold green] ({time.monotonic() - started_at:.0f} s)")
         print_urls(platform)
@@ -133,11 +162,15 @@ def run_demo(settings: Settings, console: Console, keep_running: bool = True) ->
         ok = follow_runs(settings, console, partitions, started_at)
         console.print(("[bold green]deploy runs succeeded[/bold green]" if ok else "[red]a deploy run failed[/red]")
                       + f"; see {settings.dagster_url}/runs")
+        if ok:
+            ok = ask_both_endpoints(settings, console)
         if keep_running:
             console.print("the platform keeps running; Ctrl-C stops it")
             print_urls(platform)
             return serve_until_stopped(platform) or (0 if ok else 1)
         return 0 if ok else 1
+    except KeyboardInterrupt:
+        return 130
     finally:
         console.print("stopping…")
         platform.stop()

@@ -57,6 +57,21 @@ def _http_ok(url: str, expect: Callable[[httpx.Response], bool] = lambda r: r.st
     return check
 
 
+def _log_says(path: Path, marker: str) -> Callable[[], bool]:
+    """Healthy once the service has written ``marker`` to its log (after this start)."""
+    offset = path.stat().st_size if path.exists() else 0
+
+    def check() -> bool:
+        try:
+            with path.open("rb") as f:
+                f.seek(offset)
+                return marker.encode() in f.read()
+        except FileNotFoundError:
+            return False
+
+    return check
+
+
 def _dagster_daemon_healthy(dagster_url: str) -> Callable[[], bool]:
     query = "{ instance { daemonHealth { allDaemonStatuses { daemonType healthy required } } } }"
 
@@ -92,11 +107,14 @@ def child_environment(settings: Settings, secrets: Secrets) -> dict[str, str]:
         "MODELPLANE_MLFLOW_PORT": str(settings.ports.mlflow_port),
         "MODELPLANE_DAGSTER_PORT": str(settings.ports.dagster_port),
         "MODELPLANE_ADMIN_PORT": str(settings.ports.admin_port),
+        "MODELPLANE_ROUTER_PORT": str(settings.ports.router_port),
         "MLFLOW_TRACKING_URI": settings.mlflow_url,
         "DAGSTER_HOME": str(settings.dagster_home),
         "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY": secrets.mlflow_webhook_encryption_key,
         "MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https",
         "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true",
+        # MLflow's server-side job runner (GenAI jobs) is unused here and costs ~7 processes.
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
         # A sensor tick must not hang for minutes on an unreachable MLflow: retry briefly,
         # then skip the tick (the next one comes 5 s later).
         "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
@@ -124,6 +142,18 @@ def build_services(settings: Settings) -> list[Service]:
             healthy=_http_ok(f"{settings.admin_url}/healthz"),
             url=settings.admin_url,
             port=ports.admin_port,
+        ),
+        Service(
+            name="supervisor",
+            argv=[sys.executable, "-m", "cluster.local.supervisor"],
+            healthy=_log_says(settings.logs_dir / "supervisor.log", "supervisor running"),
+        ),
+        Service(
+            name="router",
+            argv=[sys.executable, "-m", "serving.router.app"],
+            healthy=_http_ok(f"{settings.router_url}/healthz"),
+            url=settings.router_url,
+            port=ports.router_port,
         ),
         Service(
             name="dagster-webserver",
@@ -215,8 +245,8 @@ class Platform:
         return [s for s in self.services if s.process is not None and s.process.poll() is not None]
 
     def urls(self) -> dict[str, str]:
-        return {"MLflow UI": self.settings.mlflow_url, "Dagster UI": self.settings.dagster_url,
-                "Admin API": self.settings.admin_url}
+        return {"Router": self.settings.router_url, "MLflow UI": self.settings.mlflow_url,
+                "Dagster UI": self.settings.dagster_url, "Admin API": self.settings.admin_url}
 
     # -- internals ----------------------------------------------------------------------
     def _spawn(self, service: Service, env: dict[str, str]) -> None:

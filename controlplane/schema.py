@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, DateTime, String, Text
+from sqlalchemy import JSON, Boolean, DateTime, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -39,3 +39,64 @@ class WebhookInboxRow(Base):
     payload: Mapped[str] = mapped_column(Text)
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     processed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True, index=True)
+
+
+class RevisionRow(Base):
+    """One model version rolled out for one endpoint, and how many replicas it should have.
+
+    ``state``: pending → ready (replicas answer) → serving (takes traffic) → draining →
+    retired; or failed.
+    """
+
+    __tablename__ = "revisions"
+
+    id: Mapped[str] = mapped_column(String(96), primary_key=True)
+    endpoint: Mapped[str] = mapped_column(String(63), index=True)
+    partition_key: Mapped[str] = mapped_column(String(255))
+    model_dir: Mapped[str] = mapped_column(Text)
+    runtime: Mapped[str] = mapped_column(String(16))
+    runtime_config: Mapped[dict] = mapped_column(JSON)
+    desired_replicas: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class TrafficRow(Base):
+    """Which revision of an endpoint takes its traffic."""
+
+    __tablename__ = "traffic"
+
+    endpoint: Mapped[str] = mapped_column(String(63), primary_key=True)
+    revision_id: Mapped[str] = mapped_column(String(96))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ReplicaRow(Base):
+    """One replica process of the local cluster backend, as its supervisor last saw it."""
+
+    __tablename__ = "replicas"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    revision_id: Mapped[str] = mapped_column(String(96), index=True)
+    host: Mapped[str] = mapped_column(String(255))
+    port: Mapped[int] = mapped_column(Integer)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    state: Mapped[str] = mapped_column(String(16))  # starting | ready | unhealthy | stopped
+    restarts: Mapped[int] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class TokenRow(Base):
+    """A bearer token. Only its SHA-256 is stored; the token itself is shown once."""
+
+    __tablename__ = "tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    endpoints: Mapped[list] = mapped_column(JSON)  # endpoint names this token may call
+    admin: Mapped[bool] = mapped_column(Boolean)
+    description: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

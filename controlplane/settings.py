@@ -33,6 +33,7 @@ class Ports(BaseModel):
     mlflow_port: int = Field(5000, ge=1, le=65535, description="MLflow tracking server")
     dagster_port: int = Field(3000, ge=1, le=65535, description="Dagster webserver (UI)")
     admin_port: int = Field(8100, ge=1, le=65535, description="modelplane admin API")
+    router_port: int = Field(8080, ge=1, le=65535, description="the router: every endpoint's front door")
 
 
 class Settings(BaseModel):
@@ -55,6 +56,7 @@ class Settings(BaseModel):
             mlflow_port=int(env.get("MODELPLANE_MLFLOW_PORT", 5000)),
             dagster_port=int(env.get("MODELPLANE_DAGSTER_PORT", 3000)),
             admin_port=int(env.get("MODELPLANE_ADMIN_PORT", 8100)),
+            router_port=int(env.get("MODELPLANE_ROUTER_PORT", 8080)),
         )
         return cls(
             home=home,
@@ -105,6 +107,10 @@ class Settings(BaseModel):
     @property
     def dagster_url(self) -> str:
         return f"http://{self.host}:{self.ports.dagster_port}"
+
+    @property
+    def router_url(self) -> str:
+        return f"http://{self.host}:{self.ports.router_port}"
 
     @property
     def admin_url(self) -> str:

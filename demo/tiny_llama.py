@@ -132,8 +132,9 @@ def build_tiny_llama(out_dir: Path, seed: int = 0) -> Path:
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        # head_dim = 64 / 2 = 32: the smallest head size vLLM's CPU attention supports.
+        num_attention_heads=2,
+        num_key_value_heads=1,
         vocab_size=len(tokenizer),
         max_position_embeddings=MAX_POSITIONS,
         tie_word_embeddings=False,

@@ -6,23 +6,25 @@ Resources are built from ``controlplane.settings.Settings`` (environment variabl
 
 from dagster import Definitions
 
+from assets.served_endpoint import served_endpoint
 from assets.source_model import source_model
 from controlplane.settings import Settings
 from pipelines.jobs import deploy_job
-from pipelines.resources import ControlPlaneResource, ModelStoreResource, RegistryResource
+from pipelines.resources import ClusterResource, ControlPlaneResource, ModelStoreResource, RegistryResource
 from pipelines.sensors import registry_sensor
 
 
 def build_resources(settings: Settings) -> dict:
     return {
-        "control_plane": ControlPlaneResource(database_url=settings.database_url),
+        "control_plane": ControlPlaneResource(database_url=settings.database_url, router_url=settings.router_url),
+        "cluster": ClusterResource(backend="local", database_url=settings.database_url),
         "registry": RegistryResource(tracking_uri=settings.mlflow_tracking_uri),
         "model_store": ModelStoreResource(root_dir=str(settings.models_dir)),
     }
 
 
 defs = Definitions(
-    assets=[source_model],
+    assets=[source_model, served_endpoint],
     jobs=[deploy_job],
     sensors=[registry_sensor],
     resources=build_resources(Settings.from_env()),

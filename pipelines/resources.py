@@ -13,6 +13,8 @@ from dagster import ConfigurableResource
 from pydantic import Field
 from sqlalchemy import Engine
 
+from cluster.local.backend import LocalCluster
+from cluster.protocol import Cluster
 from controlplane.db import make_engine
 from controlplane.store import EndpointStore, WebhookInbox
 from pipelines.registry import MlflowRegistry, ModelRegistry
@@ -27,12 +29,28 @@ class ControlPlaneResource(ConfigurableResource):
     """The control-plane database: endpoint specs and the webhook inbox."""
 
     database_url: str = Field(description="SQLAlchemy URL of the control-plane database.")
+    router_url: str = Field("http://127.0.0.1:8080", description="Where clients reach the router.")
+
+    def engine(self) -> Engine:
+        return _engine(self.database_url)
 
     def endpoints(self) -> EndpointStore:
         return EndpointStore(_engine(self.database_url))
 
     def inbox(self) -> WebhookInbox:
         return WebhookInbox(_engine(self.database_url))
+
+
+class ClusterResource(ConfigurableResource):
+    """Where replicas run. ``local``: processes on this machine, run by the supervisor."""
+
+    backend: str = Field("local", description="Cluster backend: local.")
+    database_url: str = Field(description="Control-plane database (the local backend's desired state).")
+
+    def client(self) -> Cluster:
+        if self.backend != "local":
+            raise ValueError(f"unknown cluster backend {self.backend!r}; this build has: local")
+        return LocalCluster(_engine(self.database_url))
 
 
 class RegistryResource(ConfigurableResource):

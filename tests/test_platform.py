@@ -1,12 +1,15 @@
-"""`modelplane up` for real: MLflow, Dagster and the admin API on loopback ports.
+"""`modelplane up` for real: MLflow, Dagster, the admin API, the supervisor and the router.
 
-One platform is started for the module. The tests then check its health, refuse a second
-`up`, follow a model registered over MLflow's REST API through MLflow's own signed webhook
-to a Dagster deploy run, and finally stop it with SIGTERM and look for leftover processes.
+One platform is started for the module. The tests check its health, refuse a second `up`,
+follow models registered over MLflow's REST API through MLflow's own signed webhook to
+Dagster deploy runs and on to answers through the router (the sklearn model on the pyfunc
+runtime, the tiny Llama on vLLM), redeploy under load without a failed request, and finally
+stop it all with SIGTERM and look for leftover processes.
 """
 
 import os
 import signal
+import threading
 import subprocess
 import sys
 import time
@@ -39,7 +42,7 @@ class RunningPlatform:
     def __init__(self, home: Path) -> None:
         self.home = home
         self.ports = {"MODELPLANE_MLFLOW_PORT": free_port(), "MODELPLANE_DAGSTER_PORT": free_port(),
-                      "MODELPLANE_ADMIN_PORT": free_port()}
+                      "MODELPLANE_ADMIN_PORT": free_port(), "MODELPLANE_ROUTER_PORT": free_port()}
         self.env = {**os.environ, "MODELPLANE_HOME": str(home), **{k: str(v) for k, v in self.ports.items()}}
         self.env.pop("MODELPLANE_DATABASE_URL", None)
         self.env.pop("MLFLOW_TRACKING_URI", None)
@@ -75,11 +78,13 @@ def platform(tmp_path_factory):
 
 def test_up_prints_the_urls_and_every_service_answers(platform):
     log = platform.log()
-    for name, service in [("MLflow UI", "mlflow"), ("Dagster UI", "dagster"), ("Admin API", "admin")]:
+    for name, service in [("MLflow UI", "mlflow"), ("Dagster UI", "dagster"), ("Admin API", "admin"),
+                          ("Router", "router")]:
         assert f"{name}" in log and platform.url(service) in log
     assert httpx.get(f"{platform.url('mlflow')}/health").text.strip() == "OK"
     assert httpx.get(f"{platform.url('admin')}/healthz").json() == {"status": "ok"}
     assert httpx.get(f"{platform.url('dagster')}/server_info").status_code == 200
+    assert httpx.get(f"{platform.url('router')}/healthz").json()["status"] == "ok"
 
 
 def test_a_second_up_says_it_is_already_running_and_exits_nonzero(platform):
@@ -100,27 +105,45 @@ def test_up_registers_the_webhook_with_mlflow(platform):
     assert {str(e) for e in hook.events} == {"model_version.created", "model_version_alias.created"}
 
 
-def test_registering_a_version_behind_the_alias_starts_one_deploy_run(platform):
+def register(platform, code: str) -> None:
+    """Run registration code in a fresh process against the platform's MLflow server."""
+    done = subprocess.run([sys.executable, "-c", code, platform.url("mlflow")], cwd=REPO, env=platform.env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def runs(platform, partition: str) -> list[dict]:
+    response = httpx.post(f"{platform.url('dagster')}/graphql", timeout=10, json={
+        "query": RUNS_QUERY, "variables": {"tags": [{"key": "dagster/partition", "value": partition}]}})
+    return response.json()["data"]["runsOrError"]["results"]
+
+
+def finished_run(platform, partition: str, timeout_s: float) -> dict:
+    return wait_for(lambda: [r for r in runs(platform, partition) if r["status"] in ("SUCCESS", "FAILURE")],
+                    timeout_s, f"the {partition} run")[0]
+
+
+def token(platform, *endpoints: str) -> str:
+    created = platform.cli("tokens", "create", *[a for e in endpoints for a in ("--endpoint", e)])
+    assert created.returncode == 0, created.stderr
+    return created.stdout.strip().splitlines()[-1]
+
+
+REGISTER_IRIS = ("import sys; from demo.iris import log_iris; v = log_iris(sys.argv[1]);"
+                 "from mlflow import MlflowClient; MlflowClient(sys.argv[1], sys.argv[1]).set_registered_model_alias("
+                 "'iris', 'champion', v.version)")
+IRIS_REQUEST = {"dataframe_split": {"columns": ["sepal length (cm)", "sepal width (cm)", "petal length (cm)",
+                                                "petal width (cm)"], "data": [[5.1, 3.5, 1.4, 0.2]]}}
+
+
+def test_a_registered_version_is_deployed_once_and_answers_through_the_router(platform):
     created = platform.cli("endpoints", "create", "-f", "examples/endpoints/iris.yaml")
     assert created.returncode == 0, created.stderr
-    # Register through the MLflow server, as a data scientist would.
-    register = subprocess.run(
-        [sys.executable, "-c", "import sys; from demo.iris import log_iris; v = log_iris(sys.argv[1]);"
-         "from mlflow import MlflowClient; MlflowClient(sys.argv[1], sys.argv[1]).set_registered_model_alias("
-         "'iris', 'champion', v.version)", platform.url("mlflow")],
-        cwd=REPO, env=platform.env, capture_output=True, text=True, timeout=300)
-    assert register.returncode == 0, register.stderr[-3000:]
+    register(platform, REGISTER_IRIS)  # through the MLflow server, as a data scientist would
 
-    def runs():
-        response = httpx.post(f"{platform.url('dagster')}/graphql", timeout=10, json={
-            "query": RUNS_QUERY, "variables": {"tags": [{"key": "dagster/partition", "value": "iris.v1"}]}})
-        return response.json()["data"]["runsOrError"]["results"]
-
-    finished = wait_for(lambda: [r for r in runs() if r["status"] in ("SUCCESS", "FAILURE")], 240, "the iris.v1 run")
-    assert len(runs()) == 1
-    assert finished[0]["status"] == "SUCCESS"
-    tags = {t["key"]: t["value"] for t in finished[0]["tags"]}
-    assert tags["dagster/partition"] == "iris.v1"
+    run = finished_run(platform, "iris.v1", 300)
+    assert run["status"] == "SUCCESS"
+    assert len(runs(platform, "iris.v1")) == 1
     # MLflow signed the deliveries with the secret `up` gave it, and the admin API accepted them.
     import sqlite3
 
@@ -129,11 +152,66 @@ def test_registering_a_version_behind_the_alias_starts_one_deploy_run(platform):
     assert events == {"model_version.created", "model_version_alias.created"}
     assert (platform.home / "models" / "iris" / "v1" / "source" / "MLmodel").exists()
 
+    answer = httpx.post(f"{platform.url('router')}/serving-endpoints/iris/invocations", json=IRIS_REQUEST,
+                        headers={"Authorization": f"Bearer {token(platform, 'iris')}"}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"predictions": [0]}
+
+
+def test_the_tiny_llm_answers_the_openai_client_through_the_router(platform, tmp_path):
+    from openai import OpenAI
+
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text("name: tiny-llm\nmodel: models:/tiny-llm@champion\nscaling: {min_replicas: 1, max_replicas: 1}\n")
+    assert platform.cli("endpoints", "create", "-f", str(spec)).returncode == 0
+    register(platform, "import sys, tempfile, pathlib; from demo.tiny_llama import build_tiny_llama, log_tiny_llama;"
+                       "d = build_tiny_llama(pathlib.Path(tempfile.mkdtemp()) / 'tiny'); v = log_tiny_llama(sys.argv[1], d);"
+                       "from mlflow import MlflowClient; MlflowClient(sys.argv[1], sys.argv[1])"
+                       ".set_registered_model_alias('tiny-llm', 'champion', v.version)")
+    assert finished_run(platform, "tiny-llm.v1", 600)["status"] == "SUCCESS"
+
+    client = OpenAI(base_url=f"{platform.url('router')}/v1", api_key=token(platform, "tiny-llm"))
+    completion = client.completions.create(model="tiny-llm", prompt="She go to", max_tokens=5, temperature=0)
+    assert completion.choices[0].text
+    chat = client.chat.completions.create(model="tiny-llm", messages=[{"role": "user", "content": "Fix: she go."}],
+                                          max_tokens=5, temperature=0)
+    assert chat.choices[0].message.content is not None
+    pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="tiny-llm", messages=[{"role": "user", "content": "Fix: she go."}], max_tokens=5, stream=True)
+        if c.choices]
+    assert len(pieces) >= 2
+    assert [m.id for m in client.models.list().data] == ["tiny-llm"]
+
+
+def test_redeploying_under_a_steady_request_loop_fails_no_request(platform):
+    headers = {"Authorization": f"Bearer {token(platform, 'iris')}"}
+    url = f"{platform.url('router')}/serving-endpoints/iris/invocations"
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        with httpx.Client(timeout=30) as client:
+            while not stop.is_set():
+                statuses.append(client.post(url, json=IRIS_REQUEST, headers=headers).status_code)
+                time.sleep(0.02)
+
+    sender = threading.Thread(target=loop)
+    sender.start()
+    try:
+        register(platform, REGISTER_IRIS)
+        assert finished_run(platform, "iris.v2", 300)["status"] == "SUCCESS"
+        time.sleep(2)
+    finally:
+        stop.set()
+        sender.join()
+    assert len(statuses) > 50
+    assert set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+
 
 def test_sigterm_stops_every_process_it_started(platform):
     parent = psutil.Process(platform.process.pid)
     descendants = parent.children(recursive=True)
-    assert len(descendants) >= 4
+    assert len(descendants) >= 6
     platform.process.send_signal(signal.SIGTERM)
     assert platform.process.wait(timeout=90) == 0
     _, alive = psutil.wait_procs(descendants, timeout=10)

@@ -1,0 +1,170 @@
+"""``served_endpoint``: the version live behind the router, for every endpoint that serves it.
+
+For each endpoint spec whose alias still points at this version: create a revision, start
+its replicas on the cluster backend, wait until every replica is ready, move the
+endpoint's traffic to it, drain the previous revision and retire it (:mod:`assets.rollout`
+decides; :class:`RolloutDriver` acts). A revision that never becomes ready is retired and
+the endpoint keeps serving the one it had.
+"""
+
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+
+import httpx
+from dagster import AssetExecutionContext, Failure, MetadataValue, Output, asset
+
+from assets.rollout import Drain, Retire, RolloutResult, Route, Start, WaitReady, rollout
+from assets.source_model import model_versions
+from cluster.protocol import Cluster, RevisionSpec
+from controlplane.revisions import RevisionStore
+from controlplane.specs import EndpointSpec, Runtime
+from pipelines.registry import parse_partition_key
+from pipelines.resources import ClusterResource, ControlPlaneResource, RegistryResource
+from serving.runtime.registry import runtime_for
+
+CRASH_LOOP_RESTARTS = 3
+
+
+def choose_runtime(requested: Runtime, is_llm: bool) -> str:
+    """``auto`` follows the model: LLMs (transformers flavor) on vLLM, the rest on pyfunc."""
+    if requested is Runtime.auto:
+        return "vllm" if is_llm else "pyfunc"
+    if requested is Runtime.vllm and not is_llm:
+        raise Failure(description="runtime: vllm was requested for a model that is not an LLM (transformers flavor)")
+    return requested.value
+
+
+@dataclass
+class RolloutDriver:
+    cluster: Cluster
+    revisions: RevisionStore
+    log: Callable[[str], None]
+    wait_ready_timeout_s: float = 900.0
+    drain_grace_s: float = 2.0  # > the router's refresh interval: no new request reaches the old revision
+    drain_timeout_s: float = 120.0
+    poll_s: float = 0.5
+
+    def run(self, flow: Generator) -> RolloutResult:
+        result = None
+        try:
+            action = flow.send(None)
+            while True:
+                result = self.act(action)
+                action = flow.send(result)
+        except StopIteration as stop:
+            return stop.value
+
+    def act(self, action):
+        if isinstance(action, Start):
+            revision = self.revisions.get(action.revision_id)
+            self.cluster.apply(RevisionSpec(revision.id, revision.endpoint, revision.model_dir, revision.runtime,
+                                            action.replicas, revision.runtime_config))
+            self.log(f"{revision.id}: starting {action.replicas} {revision.runtime} replica(s)")
+            return None
+        if isinstance(action, WaitReady):
+            return self._wait_ready(action)
+        if isinstance(action, Route):
+            previous = self.revisions.route(action.endpoint, action.revision_id)
+            self.revisions.set_state(action.revision_id, "serving")
+            self.log(f"{action.endpoint}: traffic → {action.revision_id}" + (f" (was {previous})" if previous else ""))
+            return previous
+        if isinstance(action, Drain):
+            self._drain(action.revision_id)
+            return None
+        if isinstance(action, Retire):
+            revision = self.revisions.get(action.revision_id)
+            self.cluster.delete(action.revision_id)
+            self.revisions.set_state(action.revision_id, "retired" if revision.state != "pending" else "failed")
+            self.log(f"{action.revision_id}: retired")
+            return None
+        raise TypeError(f"unknown rollout action {action!r}")
+
+    def _wait_ready(self, action: WaitReady) -> bool:
+        deadline = time.monotonic() + self.wait_ready_timeout_s
+        while time.monotonic() < deadline:
+            replicas = self.cluster.replicas(action.revision_id)
+            if sum(r.ready for r in replicas) >= action.replicas:
+                self.revisions.set_state(action.revision_id, "ready")
+                return True
+            looping = [r for r in replicas if r.restarts >= CRASH_LOOP_RESTARTS]
+            if looping:
+                self.log(f"{action.revision_id}: replica {looping[0].replica_id} restarted {looping[0].restarts} "
+                         "times without becoming ready; see $MODELPLANE_HOME/logs/replicas/")
+                return False
+            time.sleep(self.poll_s)
+        self.log(f"{action.revision_id}: not ready after {self.wait_ready_timeout_s:.0f} s")
+        return False
+
+    def _drain(self, revision_id: str) -> None:
+        """Wait until the old revision has nothing in flight (or the drain timeout)."""
+        self.revisions.set_state(revision_id, "draining")
+        revision = self.revisions.get(revision_id)
+        time.sleep(self.drain_grace_s)
+        runtime = runtime_for(revision.runtime)
+        deadline = time.monotonic() + self.drain_timeout_s
+        while time.monotonic() < deadline:
+            busy = 0.0
+            for replica in self.cluster.replicas(revision_id):
+                try:
+                    progress = runtime.progress(httpx.get(f"{replica.url}/metrics", timeout=2).text)
+                    busy += progress.in_flight + progress.queued
+                except httpx.HTTPError:
+                    continue
+            if busy == 0:
+                return
+            time.sleep(self.poll_s)
+        self.log(f"{revision_id}: still busy after {self.drain_timeout_s:.0f} s of draining; retiring it anyway")
+
+
+def _serving_specs(specs: list[EndpointSpec], model: str, version: str, alias_version) -> tuple[list, list]:
+    mine = [s for s in specs if s.registered_model == model]
+    current = [s for s in mine if alias_version(model, s.alias) == version]
+    return current, [s for s in mine if s not in current]
+
+
+@asset(
+    partitions_def=model_versions,
+    group_name="deploy",
+    kinds={"python"},
+    description="The version live behind the router for every endpoint whose alias points at it.",
+)
+def served_endpoint(
+    context: AssetExecutionContext,
+    source_model: dict,
+    control_plane: ControlPlaneResource,
+    registry: RegistryResource,
+    cluster: ClusterResource,
+) -> Output[list]:
+    model, version = parse_partition_key(context.partition_key)
+    client = registry.client()
+    specs, superseded = _serving_specs(control_plane.endpoints().list(), model, version, client.alias_version)
+    if not specs:
+        names = ", ".join(s.name for s in superseded)
+        raise Failure(description=f"no endpoint serves {model} v{version} now"
+                      + (f" (the aliases of {names} point elsewhere)" if names else
+                         f"; create a spec with model: models:/{model}@<alias>"))
+    revisions = RevisionStore(control_plane.engine())
+    driver = RolloutDriver(cluster.client(), revisions, context.log.info)
+    served = []
+    for spec in specs:
+        runtime = choose_runtime(spec.runtime, source_model["is_llm"])
+        replicas = max(1, spec.scaling.min_replicas)
+        revision = revisions.create(spec.name, context.partition_key, source_model["local_dir"], runtime, {}, replicas)
+        started = time.monotonic()
+        result = driver.run(rollout(spec.name, revision.id, replicas))
+        if not result.ok:
+            raise Failure(description=f"{spec.name}: {result.reason}")
+        served.append({"endpoint": spec.name, "revision": revision.id, "previous_revision": result.previous_revision_id,
+                       "runtime": runtime, "replicas": replicas, "time_to_ready_s": round(time.monotonic() - started, 1),
+                       "url": f"{control_plane.router_url}/serving-endpoints/{spec.name}/invocations"})
+    first = served[0]
+    return Output(served, metadata={
+        "url": MetadataValue.url(first["url"]),
+        "revision": first["revision"],
+        "previous_revision": first["previous_revision"] or "",
+        "runtime": first["runtime"],
+        "replicas": first["replicas"],
+        "time_to_ready_s": first["time_to_ready_s"],
+        "endpoints": MetadataValue.json(served),
+    })

@@ -1,0 +1,110 @@
+"""vLLM with one API server process vs two, on the tiny Llama, same closed-loop load.
+
+``--api-server-count N`` runs N front-end processes (HTTP, tokenization, detokenization)
+in front of one engine. On a tiny model the front end, not the model, is the bottleneck,
+so this is where a second one could pay; on a 2-core machine both compete with the engine
+for the same cores. Both runs use ``VllmRuntime.command`` (the replica modelplane starts),
+differing only in ``RuntimeConfig.api_server_count``. Ratio = 2 servers / 1 server; the goal
+is to record it.
+
+    .venv/bin/python -m benchmarks.api_servers [--quick] --json OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.runtime_vs_vllm import CACHE_DIR, WindowCounters, free_port, running_server
+
+CONCURRENCY = 16
+MAX_TOKENS = 16
+# vLLM-CPU's attention kernels (CPU_ATTN) support head sizes 32, 64, 80, ...; not 16.
+MIN_CPU_HEAD_DIM = 32
+
+
+def build_servable_tiny_llama(out_dir: Path) -> Path:
+    """``demo.tiny_llama``'s checkpoint, with its attention heads regrouped for vLLM's CPU kernels.
+
+    The demo model has 4 query heads and 2 KV heads of 16 dimensions; vLLM-CPU 0.32 refuses
+    head size 16 ("Unsupported CPU attention configuration: head_dim=16"). 4 × 16 = 2 × 32 and
+    2 × 16 = 1 × 32, so the same weight tensors load as 2 query heads and 1 KV head of 32:
+    only config.json changes. The regrouped model computes something else (attention pattern,
+    rotary embedding), so its answers are noise, which serving tests and throughput runs
+    never read. A demo model with heads of 32 or more is returned unchanged.
+    """
+    from demo.tiny_llama import build_tiny_llama
+
+    out_dir = Path(out_dir)
+    if not (out_dir / "config.json").is_file():
+        build_tiny_llama(out_dir)
+    config_file = out_dir / "config.json"
+    config = json.loads(config_file.read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if head_dim < MIN_CPU_HEAD_DIM:
+        factor = -(-MIN_CPU_HEAD_DIM // head_dim)
+        if config["num_attention_heads"] % factor or config["num_key_value_heads"] % factor:
+            raise ValueError(f"cannot regroup {config['num_attention_heads']} heads of {head_dim} into {factor}s")
+        config |= {"head_dim": head_dim * factor, "num_attention_heads": config["num_attention_heads"] // factor,
+                   "num_key_value_heads": config["num_key_value_heads"] // factor}
+        config_file.write_text(json.dumps(config, indent=2) + "\n")
+    return out_dir
+
+
+def short_prompts() -> list[str]:
+    from demo.tiny_llama import corpus
+
+    return [f"Fix: {wrong}" for wrong, _ in corpus()]
+
+
+def run(api_server_count: int, checkpoint: Path, duration_s: float, warmup_s: float) -> dict:
+    from benchmarks.loadgen import closed_loop_openai
+    from serving.runtime.base import RuntimeConfig
+    from serving.runtime.vllm_runtime import VllmRuntime
+
+    port = free_port()
+    launch = VllmRuntime().command(checkpoint, "127.0.0.1", port,
+                                   RuntimeConfig(model_name="tiny", api_server_count=api_server_count))
+    prompts = short_prompts()
+
+    def body(i: int) -> dict:
+        return {"model": "tiny", "prompt": prompts[i % len(prompts)], "max_tokens": MAX_TOKENS, "ignore_eos": True,
+                "temperature": 0.0}
+
+    print(f"api-server-count {api_server_count}: {' '.join(launch.argv[1:])}\n  env {launch.env}", flush=True)
+    log = CACHE_DIR / "logs" / f"api_servers_{api_server_count}.log"
+    with running_server(launch.argv, launch.env, port, log) as (base, startup_s):
+        url = f"{base}/v1/completions"
+        closed_loop_openai(url, body, concurrency=4, duration_s=2.0, warmup_s=0.0)  # first passes are slow
+        with WindowCounters(base, warmup_s, duration_s) as counters:
+            result = closed_loop_openai(url, body, concurrency=CONCURRENCY, duration_s=duration_s, warmup_s=warmup_s)
+    summary = result.summary() | counters.result | {"api_server_count": api_server_count,
+                                                    "startup_s": round(startup_s, 1),
+                                                    "error_samples": result.error_samples[:2]}
+    print(f"  {summary}", flush=True)
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="shorter load")
+    parser.add_argument("--json", help="write the result here")
+    args = parser.parse_args()
+
+    from benchmarks.machine import write_result
+
+    duration_s, warmup_s = (6.0, 2.0) if args.quick else (20.0, 3.0)
+    checkpoint = build_servable_tiny_llama(CACHE_DIR / "tiny-llama")
+    one = run(1, checkpoint, duration_s, warmup_s)
+    two = run(2, checkpoint, duration_s, warmup_s)
+    key = "server_output_tokens_per_s"  # exact (see WindowCounters); every answer is MAX_TOKENS long
+    ratio = two[key] / one[key] if one[key] else 0.0
+    two["p99_ratio"] = round(two["p99_ms"] / one["p99_ms"], 3) if one["p99_ms"] else None
+    write_result(args.json, benchmark="api_servers", ours=two, anchor=one, ratio=ratio,
+                 goal="record (2 API servers / 1, concurrency 16, 16 output tokens)",
+                 meets_goal=one["completed"] > 0 and two["completed"] > 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""What a benchmark ran on, and how it writes its JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+
+def machine() -> dict:
+    cpu_model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    from serving.runtime.cpu import available_cpus
+
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"cpu_model": cpu_model, "cpus": available_cpus(), "memory_gib": round(memory_gib, 1),
+            "python": platform.python_version(), "gpu": None}
+
+
+def write_result(path: str | None, *, benchmark: str, ours: dict, anchor: dict, ratio: float, goal: str,
+                 meets_goal: bool) -> dict:
+    """The common JSON shape: {"benchmark", "ours", "anchor", "ratio", "goal", "meets_goal", "machine"}."""
+    result = {"benchmark": benchmark, "ours": ours, "anchor": anchor, "ratio": round(ratio, 3), "goal": goal,
+              "meets_goal": bool(meets_goal), "machine": machine()}
+    text = json.dumps(result, indent=2)
+    if path:
+        Path(path).write_text(text + "\n")
+    print(text)
+    return result

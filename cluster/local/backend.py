@@ -1,0 +1,83 @@
+"""``LocalCluster``: the Cluster Protocol over the control-plane database.
+
+Desired state goes into the ``revisions`` table (model files, runtime, replica count); the
+supervisor process (``cluster.local.supervisor``) reconciles it into processes and writes
+what it sees into the ``replicas`` table, which is also the router's discovery feed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from sqlalchemy import Engine, delete, select
+from sqlalchemy.orm import Session
+
+from cluster.protocol import Replica, RevisionSpec
+from controlplane.schema import ReplicaRow, RevisionRow
+from controlplane.store import Clock, utc_now
+
+#: Revision states in which the supervisor keeps replicas running.
+ACTIVE_STATES = ("pending", "ready", "serving", "draining")
+
+
+def replica_from_row(row: ReplicaRow) -> Replica:
+    return Replica(row.id, row.revision_id, f"http://{row.host}:{row.port}", row.state == "ready", row.state,
+                   row.restarts)
+
+
+class LocalCluster:
+    def __init__(self, engine: Engine, now: Clock = utc_now) -> None:
+        self._engine = engine
+        self._now = now
+
+    def apply(self, spec: RevisionSpec) -> None:
+        now = self._now()
+        with Session(self._engine) as session, session.begin():
+            row = session.get(RevisionRow, spec.revision_id)
+            if row is None:
+                row = RevisionRow(id=spec.revision_id, endpoint=spec.endpoint, partition_key="", state="pending",
+                                  created_at=now)
+                session.add(row)
+            row.model_dir, row.runtime = spec.model_dir, spec.runtime
+            row.runtime_config, row.desired_replicas = dict(spec.runtime_config), spec.replicas
+            row.updated_at = now
+
+    def scale(self, revision_id: str, replicas: int) -> None:
+        if replicas < 0:
+            raise ValueError("replicas must be >= 0")
+        with Session(self._engine) as session, session.begin():
+            row = session.get(RevisionRow, revision_id)
+            if row is None:
+                raise KeyError(f"no revision {revision_id!r}")
+            row.desired_replicas = replicas
+            row.updated_at = self._now()
+
+    def replicas(self, revision_id: str | None = None) -> list[Replica]:
+        with Session(self._engine) as session:
+            query = select(ReplicaRow).where(ReplicaRow.state != "stopped").order_by(ReplicaRow.id)
+            if revision_id is not None:
+                query = query.where(ReplicaRow.revision_id == revision_id)
+            return [replica_from_row(row) for row in session.scalars(query)]
+
+    def watch(self, interval_s: float = 0.5) -> Iterator[list[Replica]]:
+        last = None
+        while True:
+            current = self.replicas()
+            if current != last:
+                last = current
+                yield current
+            time.sleep(interval_s)
+
+    def delete(self, revision_id: str) -> None:
+        """Desired replicas 0 and state retired; the supervisor stops the processes."""
+        with Session(self._engine) as session, session.begin():
+            row = session.get(RevisionRow, revision_id)
+            if row is not None:
+                row.desired_replicas = 0
+                row.state = "retired"
+                row.updated_at = self._now()
+
+    def forget_stopped(self) -> None:
+        with Session(self._engine) as session, session.begin():
+            session.execute(delete(ReplicaRow).where(ReplicaRow.state == "stopped"))

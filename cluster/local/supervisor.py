@@ -1,0 +1,301 @@
+"""The local backend's process supervisor: desired revisions in the database → replica processes.
+
+Every ``reconcile_interval_s`` it reads the revisions' desired replica counts, starts and
+stops replicas to match (:func:`plan`), and each replica is watched by a thread of its own
+(:class:`ManagedReplica`): start the runtime's process on a free port, wait for
+``GET /health``, send the runtime's probe request (ready = model loaded and one request
+answered), then watch forward progress through ``/metrics`` and restart the process, with
+exponential backoff, when it exits or is found hung. What it sees goes into the ``replicas``
+table, the router's discovery feed. ``python -m cluster.local.supervisor`` runs it
+(``modelplane up`` does).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+from sqlalchemy import Engine, delete, select
+from sqlalchemy.orm import Session
+
+from cluster.local.backend import ACTIVE_STATES
+from controlplane.schema import ReplicaRow, RevisionRow
+from controlplane.store import utc_now
+from serving.runtime.base import ReplicaRuntime, RuntimeConfig
+from serving.runtime.liveness import LivenessConfig, LivenessState, Verdict, decide
+from serving.runtime.registry import runtime_for
+
+log = logging.getLogger("modelplane.supervisor")
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    host: str = "127.0.0.1"
+    reconcile_interval_s: float = 0.5
+    health_timeout_s: float = 2.0
+    probe_timeout_s: float = 120.0  # the first request of a cold engine can be slow
+    start_timeout_s: float = 900.0  # process start to ready (model load, warm-up)
+    liveness_interval_s: float = 1.0
+    restart_backoff_initial_s: float = 1.0
+    restart_backoff_max_s: float = 30.0
+    stop_grace_s: float = 15.0
+
+
+def plan(desired: dict[str, int], running: set[str]) -> tuple[list[str], list[str]]:
+    """Replica ids to start and to stop so that revision ``r`` has replicas ``r-0 … r-(n-1)``.
+
+    >>> plan({"gec-v2-1": 2, "gec-v1-1": 0}, {"gec-v1-1-0", "gec-v2-1-0"})
+    (['gec-v2-1-1'], ['gec-v1-1-0'])
+    """
+    wanted = {f"{revision}-{index}" for revision, count in desired.items() for index in range(count)}
+    return sorted(wanted - running), sorted(running - wanted)
+
+
+def restart_delay_s(restarts: int, initial_s: float, max_s: float) -> float:
+    """Backoff before restart number ``restarts`` (1-based): 1, 2, 4, 8 … capped at ``max_s``.
+
+    >>> [restart_delay_s(n, 1.0, 30.0) for n in (1, 2, 3, 6, 7)]
+    [1.0, 2.0, 4.0, 30.0, 30.0]
+    """
+    return min(max_s, initial_s * 2 ** max(0, restarts - 1))
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def kill_group(process: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM the process group, SIGKILL it after ``grace_s``, and reap it."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            process.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:  # children that left the group (engine workers) go too
+        for child in psutil.Process(process.pid).children(recursive=True):
+            child.kill()
+    except psutil.NoSuchProcess:
+        pass
+
+
+class ManagedReplica:
+    """One replica's life: start, get ready, stay alive, restart — on its own thread."""
+
+    def __init__(self, replica_id: str, revision: RevisionRow, runtime: ReplicaRuntime, engine: Engine,
+                 logs_dir: Path, config: SupervisorConfig) -> None:
+        self.replica_id = replica_id
+        self.revision_id = revision.id
+        self.model_dir = Path(revision.model_dir)
+        self.runtime_config = RuntimeConfig(model_name=revision.endpoint, **revision.runtime_config)
+        self.runtime = runtime
+        self._engine = engine
+        self._log_path = logs_dir / f"{replica_id}.log"
+        self._config = config
+        self._stop = threading.Event()
+        self._process: subprocess.Popen | None = None
+        self.port = 0
+        self.restarts = 0
+        self._thread = threading.Thread(target=self._run, name=f"replica-{replica_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._process is not None:
+            kill_group(self._process, self._config.stop_grace_s)
+        self._thread.join(timeout=self._config.stop_grace_s + 15)
+        self._write("stopped", None)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._config.host}:{self.port}"
+
+    # -- the replica's life ---------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            error = self._one_life()
+            if self._stop.is_set():
+                return
+            self.restarts += 1
+            delay_s = restart_delay_s(self.restarts, self._config.restart_backoff_initial_s,
+                                      self._config.restart_backoff_max_s)
+            log.warning("replica %s: %s; restart %d in %.0f s", self.replica_id, error, self.restarts, delay_s)
+            self._write("unhealthy", error)
+            self._stop.wait(delay_s)
+
+    def _one_life(self) -> str:
+        self.port = free_port(self._config.host)
+        launch = self.runtime.command(self.model_dir, self._config.host, self.port, self.runtime_config)
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self._log_path.open("ab") as log_file:
+            self._process = subprocess.Popen(launch.argv, env={**os.environ, **launch.env}, stdout=log_file,
+                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             start_new_session=True)
+        self._write("starting", None)
+        try:
+            error = self._wait_ready()
+            if error is None:
+                self._write("ready", None)
+                error = self._stay_alive()
+            return error
+        finally:
+            if not self._stop.is_set():
+                kill_group(self._process, grace_s=5.0)
+
+    def _wait_ready(self) -> str | None:
+        deadline = time.monotonic() + self._config.start_timeout_s
+        probe = self.runtime.probe_request(self.model_dir, self.runtime_config)
+        with httpx.Client(timeout=self._config.health_timeout_s) as http:
+            while time.monotonic() < deadline and not self._stop.is_set():
+                if self._process.poll() is not None:
+                    return f"exited with code {self._process.returncode} while starting (log: {self._log_path})"
+                try:
+                    if http.get(f"{self.url}/health").status_code == 200:
+                        answer = http.post(f"{self.url}{probe.path}", json=probe.json,
+                                           timeout=self._config.probe_timeout_s)
+                        if answer.is_success:
+                            return None
+                        return f"warm-up request answered {answer.status_code}: {answer.text[:200]}"
+                except httpx.HTTPError:
+                    pass
+                self._stop.wait(0.5)
+        return None if self._stop.is_set() else f"not ready after {self._config.start_timeout_s:.0f} s"
+
+    def _stay_alive(self) -> str:
+        """Watch forward progress (``serving.runtime.liveness``) until the replica dies or hangs."""
+        state, liveness = LivenessState(), LivenessConfig()
+        probe = self.runtime.probe_request(self.model_dir, self.runtime_config)
+        unanswered_since_s: float | None = None
+        with httpx.Client(timeout=self._config.health_timeout_s) as http:
+            while not self._stop.wait(self._config.liveness_interval_s):
+                if self._process.poll() is not None:
+                    return f"exited with code {self._process.returncode}"
+                now_s = time.monotonic()
+                try:
+                    progress = self.runtime.progress(http.get(f"{self.url}/metrics").text)
+                except httpx.HTTPError as exc:
+                    # A replica too busy to answer a scrape for as long as a hang counts as hung.
+                    unanswered_since_s = unanswered_since_s or now_s
+                    if now_s - unanswered_since_s >= liveness.hang_after_s:
+                        return f"hung: /metrics unanswered for {liveness.hang_after_s:.0f} s ({exc})"
+                    continue
+                unanswered_since_s = None
+                verdict, state = decide(progress, state, now_s, liveness)
+                if verdict is Verdict.HUNG:
+                    return "hung: work outstanding with no request completing"
+                if verdict is Verdict.PROBE:
+                    threading.Thread(target=self._send_probe, args=(probe,), daemon=True).start()
+        return "stopped"
+
+    def _send_probe(self, probe) -> None:
+        try:
+            httpx.post(f"{self.url}{probe.path}", json=probe.json, timeout=self._config.probe_timeout_s)
+        except httpx.HTTPError:
+            pass  # no completion shows up in /metrics, and liveness sees that
+
+    def _write(self, state: str, error: str | None) -> None:
+        with Session(self._engine) as session, session.begin():
+            row = session.get(ReplicaRow, self.replica_id)
+            if row is None:
+                row = ReplicaRow(id=self.replica_id, revision_id=self.revision_id)
+                session.add(row)
+            row.host, row.port, row.state = self._config.host, self.port, state
+            row.pid = None if self._process is None else self._process.pid
+            row.restarts, row.last_error, row.updated_at = self.restarts, error, utc_now()
+
+
+class Supervisor:
+    def __init__(self, engine: Engine, logs_dir: Path, config: SupervisorConfig = SupervisorConfig()) -> None:
+        self._engine = engine
+        self._logs_dir = logs_dir
+        self._config = config
+        self.replicas: dict[str, ManagedReplica] = {}
+
+    def reconcile_once(self) -> None:
+        with Session(self._engine) as session:
+            revisions = {row.id: row for row in session.scalars(select(RevisionRow))}
+        desired = {rid: row.desired_replicas if row.state in ACTIVE_STATES else 0 for rid, row in revisions.items()}
+        to_start, to_stop = plan(desired, set(self.replicas))
+        for replica_id in to_stop:
+            self.replicas.pop(replica_id).stop()
+            with Session(self._engine) as session, session.begin():
+                session.execute(delete(ReplicaRow).where(ReplicaRow.id == replica_id))
+        for replica_id in to_start:
+            revision = revisions[replica_id.rsplit("-", 1)[0]]
+            try:
+                runtime = runtime_for(revision.runtime)
+            except KeyError as exc:
+                log.error("revision %s: %s", revision.id, exc)
+                continue
+            managed = ManagedReplica(replica_id, revision, runtime, self._engine, self._logs_dir, self._config)
+            self.replicas[replica_id] = managed
+            managed.start()
+
+    def forget_previous_run(self) -> None:
+        """Stop replica processes a crashed supervisor left behind, and clear their rows."""
+        with Session(self._engine) as session, session.begin():
+            for row in session.scalars(select(ReplicaRow)):
+                if row.pid and psutil.pid_exists(row.pid):
+                    try:
+                        process = psutil.Process(row.pid)
+                        if str(row.port) in " ".join(process.cmdline()):
+                            os.killpg(row.pid, signal.SIGKILL)
+                    except (psutil.Error, ProcessLookupError, PermissionError):
+                        pass
+            session.execute(delete(ReplicaRow))
+
+    def run(self, stop: threading.Event) -> None:
+        self.forget_previous_run()
+        while not stop.is_set():
+            try:
+                self.reconcile_once()
+            except Exception:  # noqa: BLE001 - a database hiccup must not end supervision
+                log.exception("reconcile failed; retrying")
+            stop.wait(self._config.reconcile_interval_s)
+        self.stop_all()
+
+    def stop_all(self) -> None:
+        threads = [threading.Thread(target=replica.stop) for replica in self.replicas.values()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.replicas.clear()
+
+
+def main() -> None:
+    from controlplane.db import make_engine, upgrade
+    from controlplane.settings import Settings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per probe and scrape is noise
+    settings = Settings.from_env()
+    upgrade(settings.database_url)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    supervisor = Supervisor(make_engine(settings.database_url), settings.logs_dir / "replicas",
+                            SupervisorConfig(host=settings.host))
+    log.info("supervisor running")
+    supervisor.run(stop)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""The ``Cluster`` Protocol: what deploy steps and the router need from where replicas run.
+
+The local backend (``cluster.local``) runs replicas as processes on this machine; a
+Kubernetes backend maps the same calls onto Deployments, the scale subresource and
+EndpointSlices. ``cluster.fake.InMemoryCluster`` has the same semantics, for unit tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class RevisionSpec:
+    """One revision of an endpoint: which model files, which runtime, how many replicas."""
+
+    revision_id: str
+    endpoint: str
+    model_dir: str
+    runtime: str  # "vllm" | "pyfunc"
+    replicas: int
+    runtime_config: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Replica:
+    replica_id: str
+    revision_id: str
+    url: str  # base URL, e.g. http://127.0.0.1:41234
+    ready: bool  # model loaded and a warm-up request answered
+    state: str  # starting | ready | unhealthy | stopped
+    restarts: int = 0
+
+
+class Cluster(Protocol):
+    def apply(self, spec: RevisionSpec) -> None:
+        """Create the revision, or update it to ``spec`` (idempotent)."""
+
+    def scale(self, revision_id: str, replicas: int) -> None:
+        """Set the desired replica count; raises KeyError for an unknown revision."""
+
+    def replicas(self, revision_id: str | None = None) -> list[Replica]:
+        """Current replicas, of one revision or of all."""
+
+    def watch(self, interval_s: float = 0.5) -> Iterator[list[Replica]]:
+        """Yield the full replica list now and then each time it changes (runs forever)."""
+
+    def delete(self, revision_id: str) -> None:
+        """Stop every replica of the revision and forget it (idempotent)."""

@@ -1,0 +1,1 @@
+"""The data plane: the runtime inside each replica, and the router in front of them."""

@@ -1,0 +1,1 @@
+"""The router: one front door for every endpoint (auth, balancing, retries, streaming)."""

@@ -1,0 +1,97 @@
+"""Admission: who is calling, which endpoint, and what to send upstream (pure, no I/O).
+
+Every refusal is a :class:`RouterError` with the HTTP status and a message a person can
+act on; nothing here touches the network or the database.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from controlplane.tokens import Grant, token_sha256
+from serving.router.table import EndpointRoute, RoutingTable
+
+
+class RouterError(Exception):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or {}
+
+
+@dataclass(frozen=True)
+class Upstream:
+    route: EndpointRoute
+    path: str  # path on the replica, e.g. /invocations or /v1/chat/completions
+    body: bytes
+    stream: bool
+
+
+def authenticate(authorization: str | None, table: RoutingTable) -> Grant:
+    if not authorization:
+        raise RouterError(401, "missing Authorization header; send 'Authorization: Bearer <token>' "
+                               "(create one with `modelplane tokens create --endpoint <name>`)",
+                          {"WWW-Authenticate": "Bearer"})
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise RouterError(401, "Authorization must be 'Bearer <token>'", {"WWW-Authenticate": "Bearer"})
+    grant = table.grants.get(token_sha256(token.strip()))
+    if grant is None:
+        raise RouterError(401, "unknown or revoked token", {"WWW-Authenticate": "Bearer"})
+    return grant
+
+
+def authorize(grant: Grant, endpoint: str, table: RoutingTable, retry_after_s: int) -> EndpointRoute:
+    route = table.endpoints.get(endpoint)
+    if route is None:
+        raise RouterError(404, f"no endpoint named {endpoint!r}")
+    if not grant.allows(endpoint):
+        raise RouterError(403, f"token {grant.token_id} may not call endpoint {endpoint!r}")
+    if not route.replicas:
+        why = "its replicas are starting" if route.starting else "no revision is serving it yet"
+        raise RouterError(503, f"endpoint {endpoint!r} has no ready replica: {why}; retry shortly",
+                          {"Retry-After": str(retry_after_s)})
+    return route
+
+
+def parse_json_object(body: bytes) -> dict:
+    try:
+        payload = json.loads(body)
+    except ValueError as exc:
+        raise RouterError(400, f"body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise RouterError(400, "body must be a JSON object")
+    return payload
+
+
+def for_invocations(route: EndpointRoute, body: bytes) -> Upstream:
+    """``/serving-endpoints/{name}/invocations``: MLflow scoring for classic models; for LLMs a
+    chat (``messages``) or completion (``prompt``) request."""
+    payload = parse_json_object(body)
+    if route.runtime == "pyfunc":
+        return Upstream(route, "/invocations", body, stream=False)
+    if "messages" in payload:
+        path = "/v1/chat/completions"
+    elif "prompt" in payload:
+        path = "/v1/completions"
+    else:
+        raise RouterError(400, f"endpoint {route.name!r} serves an LLM: send {{\"messages\": [...]}} (chat) "
+                               "or {\"prompt\": \"...\"} (completion)")
+    payload["model"] = route.name
+    return Upstream(route, path, json.dumps(payload).encode(), stream=bool(payload.get("stream")))
+
+
+def openai_endpoint(body: bytes) -> tuple[str, dict]:
+    """The endpoint an OpenAI-style request names in ``model``."""
+    payload = parse_json_object(body)
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise RouterError(400, "'model' is required: the endpoint name, e.g. \"gec\"")
+    return model, payload
+
+
+def for_openai(route: EndpointRoute, path: str, payload: dict, body: bytes) -> Upstream:
+    if route.runtime != "vllm":
+        raise RouterError(400, f"endpoint {route.name!r} is not an LLM; call /serving-endpoints/{route.name}/invocations")
+    return Upstream(route, path, body, stream=bool(payload.get("stream")))

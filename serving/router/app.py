@@ -1,0 +1,250 @@
+"""The router's HTTP surface (Starlette) and its proxy to replicas (aiohttp).
+
+Routes parse, call :mod:`serving.router.admission`, then :class:`Proxy`. The table of
+endpoints, replicas and tokens is refreshed in the background every
+``refresh_interval_s`` and swapped in whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from collections import defaultdict
+
+import aiohttp
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from serving.router import admission
+from serving.router.admission import RouterError, Upstream
+from serving.router.balancing import p2c
+from serving.router.config import RouterConfig
+from serving.router.table import RoutingTable
+
+log = logging.getLogger("modelplane.router")
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "server", "date"}
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("modelplane_router_requests", "Requests by endpoint and status code.",
+                                ["endpoint", "code"], registry=self.registry)
+        self.latency = Histogram("modelplane_router_request_latency_seconds", "Time to the last byte.", ["endpoint"],
+                                 registry=self.registry,
+                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+        self.in_flight = Gauge("modelplane_router_in_flight", "Requests in flight per endpoint.", ["endpoint"],
+                               registry=self.registry)
+        self.retries = Counter("modelplane_router_retries", "Requests retried on another replica.", ["endpoint"],
+                               registry=self.registry)
+
+
+class Proxy:
+    """Sends a request to a replica picked by P2C, retrying others on connect failure."""
+
+    def __init__(self, config: RouterConfig, metrics: Metrics, rng: random.Random | None = None) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.in_flight: dict[str, int] = defaultdict(int)  # per replica URL
+        self._rng = rng or random.Random()
+        self.session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.config.request_timeout_s, connect=self.config.connect_timeout_s)
+        self.session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0),
+                                             auto_decompress=False)
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    async def send(self, upstream: Upstream) -> Response:
+        tried: list[str] = []
+        last_error = ""
+        for attempt in range(self.config.max_attempts):
+            candidates = [url for url in upstream.route.replicas if url not in tried]
+            if not candidates:
+                break
+            url = p2c.pick(candidates, self.in_flight, self._rng)
+            tried.append(url)
+            if attempt:
+                self.metrics.retries.labels(upstream.route.name).inc()
+            self.in_flight[url] += 1
+            try:
+                response = await self.session.post(f"{url}{upstream.path}", data=upstream.body,
+                                                   headers={"Content-Type": "application/json"})
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+                # Nothing came back (refused, reset, or closed before the status line): safe to retry.
+                self._release(url)
+                last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("replica %s failed before answering (%s); trying another", url, last_error)
+                continue
+            return await self._relay(url, response, upstream)
+        raise RouterError(503, f"no replica of {upstream.route.name!r} could be reached ({last_error}); retry shortly",
+                          {"Retry-After": str(self.config.retry_after_s)})
+
+    def _release(self, url: str) -> None:
+        self.in_flight[url] -= 1
+        if self.in_flight[url] <= 0:
+            del self.in_flight[url]
+
+    async def _relay(self, url: str, response: aiohttp.ClientResponse, upstream: Upstream) -> Response:
+        headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
+        if not response.content_type.startswith("text/event-stream"):
+            try:
+                content = await response.read()
+            finally:
+                response.release()
+                self._release(url)
+            return Response(content, status_code=response.status, headers=headers)
+
+        async def chunks():
+            try:
+                async for chunk in response.content.iter_any():
+                    yield chunk
+            finally:
+                response.release()
+                self._release(url)
+
+        return StreamingResponse(chunks(), status_code=response.status, headers=headers,
+                                 media_type=response.content_type)
+
+
+def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable]) -> Starlette:
+    """The router app; ``load_table`` is called off the event loop every refresh interval."""
+    metrics = Metrics()
+    proxy = Proxy(config, metrics)
+    state = {"table": RoutingTable(), "loaded_at": 0.0}
+
+    async def refresh() -> None:
+        state["table"] = await asyncio.to_thread(load_table)
+        state["loaded_at"] = time.monotonic()
+
+    async def refresh_forever() -> None:
+        while True:
+            try:
+                await refresh()
+            except Exception:  # noqa: BLE001 - keep serving the last good table
+                log.exception("refreshing the routing table failed; keeping the previous one")
+            await asyncio.sleep(config.refresh_interval_s)
+
+    async def authenticate(request: Request):
+        """A token created a moment ago may be newer than the table: on a miss, reload once
+        (at most every 100 ms) before answering 401."""
+        try:
+            return admission.authenticate(request.headers.get("authorization"), state["table"])
+        except RouterError as exc:
+            if exc.status != 401 or time.monotonic() - state["loaded_at"] < 0.1:
+                raise
+            await refresh()
+            return admission.authenticate(request.headers.get("authorization"), state["table"])
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        await refresh()
+        await proxy.start()
+        refresher = asyncio.create_task(refresh_forever())
+        yield
+        refresher.cancel()
+        await proxy.close()
+
+    async def read_body(request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > config.max_body_bytes:
+            raise RouterError(413, f"body is {declared} bytes; this router accepts at most {config.max_body_bytes}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > config.max_body_bytes:
+                raise RouterError(413, f"body is larger than {config.max_body_bytes} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def handle(request: Request, endpoint_of: Callable, build: Callable) -> Response:
+        started = time.perf_counter()
+        endpoint = "-"
+        try:
+            grant = await authenticate(request)
+            table = state["table"]
+            body = await read_body(request)
+            endpoint, payload = endpoint_of(request, body)
+            route = admission.authorize(grant, endpoint, table, config.retry_after_s)
+            upstream = build(route, payload, body)
+            metrics.in_flight.labels(endpoint).inc()
+            try:
+                response = await proxy.send(upstream)
+            finally:
+                metrics.in_flight.labels(endpoint).dec()
+        except RouterError as exc:
+            response = JSONResponse({"error": {"message": str(exc), "code": exc.status}}, status_code=exc.status,
+                                    headers=exc.headers)
+        known = endpoint if endpoint in state["table"].endpoints else "-"
+        metrics.requests.labels(known, str(response.status_code)).inc()
+        metrics.latency.labels(known).observe(time.perf_counter() - started)
+        return response
+
+    async def invocations(request: Request) -> Response:
+        return await handle(request, lambda r, body: (r.path_params["name"], None),
+                            lambda route, _payload, body: admission.for_invocations(route, body))
+
+    def openai_route(path: str):
+        async def route_handler(request: Request) -> Response:
+            return await handle(request, lambda _r, body: admission.openai_endpoint(body),
+                                lambda route, payload, body: admission.for_openai(route, path, payload, body))
+        return route_handler
+
+    async def models(request: Request) -> Response:
+        try:
+            grant = await authenticate(request)
+        except RouterError as exc:
+            return JSONResponse({"error": {"message": str(exc), "code": exc.status}}, status_code=exc.status,
+                                headers=exc.headers)
+        data = [{"id": name, "object": "model", "owned_by": "modelplane", "ready": bool(route.replicas)}
+                for name, route in sorted(state["table"].endpoints.items()) if route.runtime == "vllm" and grant.allows(name)]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def healthz(_request: Request) -> Response:
+        return JSONResponse({"status": "ok", "endpoints": len(state["table"].endpoints)})
+
+    async def metrics_route(_request: Request) -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app = Starlette(
+        routes=[
+            Route("/serving-endpoints/{name}/invocations", invocations, methods=["POST"]),
+            Route("/v1/completions", openai_route("/v1/completions"), methods=["POST"]),
+            Route("/v1/chat/completions", openai_route("/v1/chat/completions"), methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics_route, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.proxy = proxy
+    app.state.routing = state
+    return app
+
+
+def main() -> None:
+    import uvicorn
+
+    from controlplane.db import make_engine
+    from controlplane.settings import Settings
+    from serving.router.table import load_table
+
+    settings = Settings.from_env()
+    config = RouterConfig(host=settings.host, port=settings.ports.router_port)
+    engine = make_engine(settings.database_url)
+    uvicorn.run(create_app(config, lambda: load_table(engine)), host=config.host, port=config.port,
+                log_level="warning", loop="uvloop", http="httptools")
+
+
+if __name__ == "__main__":
+    main()

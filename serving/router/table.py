@@ -1,0 +1,60 @@
+"""The routing table: a snapshot of endpoints, their ready replicas and the live tokens.
+
+Built by discovery from the control-plane database (:func:`load_table`) and swapped in
+whole, so a request always sees one consistent snapshot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from controlplane.schema import EndpointRow, ReplicaRow, RevisionRow, TrafficRow
+from controlplane.tokens import Grant, TokenStore
+
+
+@dataclass(frozen=True)
+class EndpointRoute:
+    name: str
+    runtime: str | None  # "vllm" | "pyfunc"; None while no revision takes traffic
+    revision_id: str | None
+    replicas: tuple[str, ...]  # base URLs of ready replicas of the serving revision
+    starting: bool = False  # a revision exists but no replica is ready yet
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    endpoints: dict[str, EndpointRoute] = field(default_factory=dict)
+    grants: dict[str, Grant] = field(default_factory=dict)  # {sha256(token): Grant}
+
+
+def build_table(endpoint_names: list[str], traffic: dict[str, str], revisions: dict[str, str],
+                ready: dict[str, list[str]], any_replicas: set[str], grants: dict[str, Grant]) -> RoutingTable:
+    """Pure assembly of the snapshot from what the database holds.
+
+    ``revisions`` maps revision id → runtime; ``ready`` revision id → ready replica URLs;
+    ``any_replicas`` the revisions with at least one replica in any state.
+    """
+    routes = {}
+    for name in endpoint_names:
+        revision_id = traffic.get(name)
+        urls = tuple(sorted(ready.get(revision_id, []))) if revision_id else ()
+        routes[name] = EndpointRoute(name=name, runtime=revisions.get(revision_id), revision_id=revision_id,
+                                     replicas=urls, starting=bool(revision_id) and not urls and revision_id in any_replicas)
+    return RoutingTable(endpoints=routes, grants=grants)
+
+
+def load_table(engine: Engine) -> RoutingTable:
+    with Session(engine) as session:
+        names = list(session.scalars(select(EndpointRow.name)))
+        traffic = {row.endpoint: row.revision_id for row in session.scalars(select(TrafficRow))}
+        revisions = {row.id: row.runtime for row in session.scalars(select(RevisionRow))}
+        ready: dict[str, list[str]] = {}
+        any_replicas: set[str] = set()
+        for row in session.scalars(select(ReplicaRow).where(ReplicaRow.state != "stopped")):
+            any_replicas.add(row.revision_id)
+            if row.state == "ready":
+                ready.setdefault(row.revision_id, []).append(f"http://{row.host}:{row.port}")
+    return build_table(names, traffic, revisions, ready, any_replicas, TokenStore(engine).grants())

@@ -1,0 +1,1 @@
+"""The server inside each replica, chosen from the model's flavor (vLLM or pyfunc)."""

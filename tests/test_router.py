@@ -1,0 +1,164 @@
+"""The router: admission errors, proxying, streaming, and retries over real sockets."""
+
+import json
+import random
+import socket
+
+import pytest
+from starlette.testclient import TestClient
+
+from controlplane.tokens import Grant, token_sha256
+from serving.router.app import create_app
+from serving.router.balancing import p2c
+from serving.router.config import RouterConfig
+from serving.router.table import RoutingTable, build_table
+from tests.fake_replicas import FakeReplica
+
+GEC_TOKEN, IRIS_TOKEN, ADMIN_TOKEN = "mp_a_gec", "mp_b_iris", "mp_c_admin"
+GRANTS = {token_sha256(GEC_TOKEN): Grant("a", frozenset({"gec"}), False),
+          token_sha256(IRIS_TOKEN): Grant("b", frozenset({"iris"}), False),
+          token_sha256(ADMIN_TOKEN): Grant("c", frozenset(), True)}
+ROWS = [[5.1, 3.5, 1.4, 0.2], [6.2, 2.9, 4.3, 1.3]]
+IRIS_BODY = {"dataframe_split": {"columns": ["a", "b", "c", "d"], "data": ROWS}}
+CHAT_BODY = {"model": "gec", "messages": [{"role": "user", "content": "she go"}]}
+
+
+def closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.fixture
+def replicas():
+    started = {name: FakeReplica(name).start() for name in ("gec-0", "gec-1", "iris-0")}
+    yield started
+    for replica in started.values():
+        replica.stop()
+
+
+def make_router(table: RoutingTable, **config) -> TestClient:
+    return TestClient(create_app(RouterConfig(**config), lambda: table))
+
+
+def table_for(gec: list[str], iris: list[str], starting: bool = False) -> RoutingTable:
+    ready = {"gec-r1": gec, "iris-r1": iris}
+    return build_table(["gec", "iris", "idle"], {"gec": "gec-r1", "iris": "iris-r1"},
+                       {"gec-r1": "vllm", "iris-r1": "pyfunc"}, ready,
+                       {"gec-r1", "iris-r1"} if starting else set(), GRANTS)
+
+
+@pytest.fixture
+def router(replicas):
+    table = table_for([replicas["gec-0"].url, replicas["gec-1"].url], [replicas["iris-0"].url])
+    with make_router(table) as client:
+        yield client
+
+
+def auth(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_invocations_reach_the_pyfunc_replica(router, replicas):
+    response = router.post("/serving-endpoints/iris/invocations", json=IRIS_BODY, headers=auth(IRIS_TOKEN))
+    assert response.status_code == 200
+    assert response.json() == {"predictions": ["iris-0", "iris-0"]}
+    assert replicas["iris-0"].requests == [("/invocations", IRIS_BODY)]
+
+
+def test_llm_invocations_become_chat_or_completion_requests_named_after_the_endpoint(router, replicas):
+    chat = router.post("/serving-endpoints/gec/invocations", json={"messages": CHAT_BODY["messages"]},
+                       headers=auth(GEC_TOKEN))
+    completion = router.post("/serving-endpoints/gec/invocations", json={"prompt": "she go"}, headers=auth(GEC_TOKEN))
+    assert chat.status_code == completion.status_code == 200
+    seen = replicas["gec-0"].requests + replicas["gec-1"].requests
+    assert sorted(path for path, _ in seen) == ["/v1/chat/completions", "/v1/completions"]
+    assert all(body["model"] == "gec" for _, body in seen)
+
+
+def test_openai_chat_is_proxied_and_streams_through(router):
+    plain = router.post("/v1/chat/completions", json=CHAT_BODY, headers=auth(GEC_TOKEN))
+    assert plain.json()["choices"][0]["message"]["content"] == "She goes."
+    with router.stream("POST", "/v1/chat/completions", json={**CHAT_BODY, "stream": True},
+                       headers=auth(GEC_TOKEN)) as streamed:
+        assert streamed.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in streamed.iter_lines() if line.startswith("data: ")]
+    words = [json.loads(e[6:])["choices"][0]["delta"]["content"] for e in events if e != "data: [DONE]"]
+    assert "".join(words) == "She goes."
+    assert events[-1] == "data: [DONE]"
+
+
+def test_v1_models_lists_the_llm_endpoints_a_token_may_call(router):
+    assert [m["id"] for m in router.get("/v1/models", headers=auth(GEC_TOKEN)).json()["data"]] == ["gec"]
+    assert router.get("/v1/models", headers=auth(IRIS_TOKEN)).json()["data"] == []
+    assert router.get("/v1/models").status_code == 401
+
+
+@pytest.mark.parametrize(
+    "path, body, headers, status, words",
+    [
+        ("/serving-endpoints/iris/invocations", IRIS_BODY, {}, 401, "missing Authorization"),
+        ("/serving-endpoints/iris/invocations", IRIS_BODY, {"Authorization": "Basic abc"}, 401, "Bearer"),
+        ("/serving-endpoints/iris/invocations", IRIS_BODY, auth("mp_x_forged"), 401, "unknown or revoked"),
+        ("/serving-endpoints/iris/invocations", IRIS_BODY, auth(GEC_TOKEN), 403, "may not call endpoint 'iris'"),
+        ("/serving-endpoints/nope/invocations", IRIS_BODY, auth(ADMIN_TOKEN), 404, "no endpoint named 'nope'"),
+        ("/serving-endpoints/iris/invocations", b"{not json", auth(IRIS_TOKEN), 400, "not valid JSON"),
+        ("/serving-endpoints/iris/invocations", b"[1, 2]", auth(IRIS_TOKEN), 400, "JSON object"),
+        ("/serving-endpoints/gec/invocations", {"inputs": [1]}, auth(GEC_TOKEN), 400, "serves an LLM"),
+        ("/v1/chat/completions", {"messages": []}, auth(GEC_TOKEN), 400, "'model' is required"),
+        ("/v1/chat/completions", {"model": "iris", "messages": []}, auth(IRIS_TOKEN), 400, "is not an LLM"),
+        ("/v1/completions", {"model": "idle", "prompt": "x"}, auth(ADMIN_TOKEN), 503, "no revision is serving"),
+    ],
+)
+def test_bad_requests_get_their_status_and_a_message(router, path, body, headers, status, words):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = router.post(path, content=content, headers={**headers, "Content-Type": "application/json"})
+    assert response.status_code == status
+    assert words in response.json()["error"]["message"]
+
+
+def test_oversized_body_gets_413(replicas):
+    table = table_for([replicas["gec-0"].url], [replicas["iris-0"].url])
+    with make_router(table, max_body_bytes=1000) as client:
+        response = client.post("/serving-endpoints/iris/invocations", content=b"{" + b" " * 2000 + b"}",
+                               headers=auth(IRIS_TOKEN))
+    assert response.status_code == 413
+    assert "1000" in response.json()["error"]["message"]
+    assert replicas["iris-0"].requests == []
+
+
+def test_no_ready_replica_gets_503_with_retry_after():
+    with make_router(table_for([], [], starting=True)) as client:
+        response = client.post("/serving-endpoints/iris/invocations", json=IRIS_BODY, headers=auth(IRIS_TOKEN))
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "5"
+    assert "starting" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("broken", ["refused", "closed-before-answer"])
+def test_a_replica_that_fails_before_answering_is_retried_on_another(replicas, broken):
+    bad = closed_port_url() if broken == "refused" else FakeReplica("bad", behaviour="close").start().url
+    table = table_for([bad, replicas["gec-0"].url], [replicas["iris-0"].url])
+    with make_router(table) as client:
+        answers = [client.post("/v1/chat/completions", json=CHAT_BODY, headers=auth(GEC_TOKEN)) for _ in range(20)]
+        metrics = client.get("/metrics").text
+    assert [a.status_code for a in answers] == [200] * 20
+    assert {a.json()["replica"] for a in answers} == {"gec-0"}
+    retried = [line for line in metrics.splitlines() if line.startswith('modelplane_router_retries_total{endpoint="gec"}')]
+    assert retried and float(retried[0].split()[-1]) >= 1
+
+
+def test_all_replicas_unreachable_is_a_503_not_a_500():
+    with make_router(table_for([closed_port_url(), closed_port_url()], [])) as client:
+        response = client.post("/v1/completions", json={"model": "gec", "prompt": "x"}, headers=auth(GEC_TOKEN))
+    assert response.status_code == 503
+    assert "could be reached" in response.json()["error"]["message"]
+
+
+def test_p2c_sends_to_the_less_loaded_of_two_draws():
+    rng = random.Random(7)
+    in_flight = {"a": 5, "b": 0, "c": 5}
+    picks = [p2c.pick(["a", "b", "c"], in_flight, rng) for _ in range(300)]
+    # b is picked whenever it is drawn (2 of 3 pairs contain it); a and c only against each other.
+    assert 0.55 < picks.count("b") / 300 < 0.8
+    assert p2c.pick(["only"], {}, rng) == "only"

