@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
-from cluster.protocol import Replica, RevisionSpec
+from cluster.protocol import Replica, RevisionSpec, poll_changes
 
 
 class InMemoryCluster:
@@ -32,13 +31,7 @@ class InMemoryCluster:
                       key=lambda r: r.replica_id)
 
     def watch(self, interval_s: float = 0.5) -> Iterator[list[Replica]]:
-        last = None
-        while True:
-            current = self.replicas()
-            if current != last:
-                last = current
-                yield current
-            time.sleep(interval_s)
+        return poll_changes(self.replicas, interval_s)
 
     def delete(self, revision_id: str) -> None:
         self.revisions.pop(revision_id, None)

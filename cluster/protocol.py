@@ -7,7 +7,8 @@ EndpointSlices. ``cluster.fake.InMemoryCluster`` has the same semantics, for uni
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -49,3 +50,15 @@ class Cluster(Protocol):
 
     def delete(self, revision_id: str) -> None:
         """Stop every replica of the revision and forget it (idempotent)."""
+
+
+def poll_changes(read: Callable[[], list[Replica]], interval_s: float) -> Iterator[list[Replica]]:
+    """``watch`` for backends without change notifications: read every ``interval_s``, yield
+    the list now and whenever it differs from the last one yielded."""
+    last = None
+    while True:
+        current = read()
+        if current != last:
+            last = current
+            yield current
+        time.sleep(interval_s)

@@ -33,10 +33,11 @@ errors = Console(stderr=True, soft_wrap=True)
 PortOption = typer.Option(None, min=1, max=65535)
 
 
-def _settings(mlflow_port: int | None = None, dagster_port: int | None = None, admin_port: int | None = None) -> Settings:
+def _settings(mlflow_port: int | None = None, dagster_port: int | None = None, admin_port: int | None = None,
+              router_port: int | None = None) -> Settings:
     settings = Settings.from_env()
     overrides = {k: v for k, v in {"mlflow_port": mlflow_port, "dagster_port": dagster_port,
-                                   "admin_port": admin_port}.items() if v is not None}
+                                   "admin_port": admin_port, "router_port": router_port}.items() if v is not None}
     if overrides:
         settings = settings.model_copy(update={"ports": settings.ports.model_copy(update=overrides)})
     return settings
@@ -92,12 +93,14 @@ def up(
     mlflow_port: int = typer.Option(None, min=1, max=65535, help="MLflow port (default 5000, env MODELPLANE_MLFLOW_PORT)."),
     dagster_port: int = typer.Option(None, min=1, max=65535, help="Dagster UI port (default 3000, env MODELPLANE_DAGSTER_PORT)."),
     admin_port: int = typer.Option(None, min=1, max=65535, help="Admin API port (default 8100, env MODELPLANE_ADMIN_PORT)."),
+    router_port: int = typer.Option(None, min=1, max=65535, help="Router port (default 8080, env MODELPLANE_ROUTER_PORT)."),
 ) -> None:
-    """Start MLflow, Dagster (webserver + daemon) and the admin API; Ctrl-C stops them all."""
+    """Start MLflow, Dagster (webserver + daemon), the admin API, the replica supervisor and the
+    router; Ctrl-C stops them all."""
     from controlplane.platform import Platform, PlatformError
 
     stop_on_signals()
-    platform = Platform(_settings(mlflow_port, dagster_port, admin_port), log=lambda m: console.print(f"[dim]{m}[/dim]"))
+    platform = Platform(_settings(mlflow_port, dagster_port, admin_port, router_port), log=lambda m: console.print(f"[dim]{m}[/dim]"))
     try:
         platform.start()
     except PlatformError as exc:
@@ -116,16 +119,19 @@ def up(
 
 @app.command()
 def demo(
-    exit_when_started: bool = typer.Option(False, "--exit", help="Stop the platform once the deploy runs have finished."),
+    exit_when_started: bool = typer.Option(False, "--exit", help="Stop the platform once both endpoints answered."),
     mlflow_port: int = typer.Option(None, min=1, max=65535),
     dagster_port: int = typer.Option(None, min=1, max=65535),
     admin_port: int = typer.Option(None, min=1, max=65535),
+    router_port: int = typer.Option(None, min=1, max=65535),
 ) -> None:
-    """`up`, then register the demo models (gec, iris) with alias champion and follow their deploy runs."""
+    """`up`, register the demo models (gec, iris) with alias champion, follow their deploy runs,
+    then ask both endpoints a question through the router."""
     from controlplane.demo_flow import run_demo
 
     stop_on_signals()
-    raise typer.Exit(run_demo(_settings(mlflow_port, dagster_port, admin_port), console, keep_running=not exit_when_started))
+    settings = _settings(mlflow_port, dagster_port, admin_port, router_port)
+    raise typer.Exit(run_demo(settings, console, keep_running=not exit_when_started))
 
 
 @endpoints_app.command("create")

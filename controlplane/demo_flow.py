@@ -113,6 +113,7 @@ def follow_runs(settings: Settings, console: Console, partitions: list[str], sta
     return False
 
 
+GEC_INSTRUCTIONS = "You correct English grammar. Reply with the corrected sentence only."
 GEC_QUESTION = "Correct the grammar: she go to school yesterday."
 IRIS_ROWS = [[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]]
 
@@ -127,8 +128,9 @@ def ask_both_endpoints(settings: Settings, console: Console) -> bool:
         ["gec", "iris"], description="modelplane demo")
     console.print(f"token for gec and iris (shown once): [bold]{token}[/bold]")
     client = OpenAI(base_url=f"{settings.router_url}/v1", api_key=token)
-    chat = client.chat.completions.create(model="gec", messages=[{"role": "user", "content": GEC_QUESTION}],
-                                          max_tokens=48, temperature=0)
+    chat = client.chat.completions.create(model="gec", messages=[
+        {"role": "system", "content": GEC_INSTRUCTIONS}, {"role": "user", "content": GEC_QUESTION}],
+        max_tokens=48, temperature=0)
     console.print(f"[bold]gec[/bold] (openai client, {settings.router_url}/v1/chat/completions)")
     console.print(f"  Q: {GEC_QUESTION}\n  A: {chat.choices[0].message.content.strip()}")
     columns = ["sepal length (cm)", "sepal width (cm)", "petal length (cm)", "petal width (cm)"]

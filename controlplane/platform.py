@@ -197,7 +197,7 @@ class Platform:
                 names = ", ".join(f"{s.port} ({s.name})" for s in busy)
                 raise PlatformError(
                     f"port {names} already in use by another program; choose others with --mlflow-port, "
-                    "--dagster-port, --admin-port or MODELPLANE_*_PORT"
+                    "--dagster-port, --admin-port, --router-port or MODELPLANE_*_PORT"
                 )
             db.upgrade(settings.database_url)
             shutil.copyfile(REPO_ROOT / "dagster.yaml", settings.dagster_home / "dagster.yaml")

@@ -21,6 +21,19 @@ from controlplane import db
 POSTGRES_ADMIN_URL = os.environ.get("MODELPLANE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
 
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.2):
+    """Poll ``predicate`` until it returns something truthy (returned), or fail naming ``what``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -19,7 +19,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -27,15 +27,6 @@ MODELPLANE = str(Path(sys.executable).parent / "modelplane")
 RUNS_QUERY = """query($tags: [ExecutionTag!]) { runsOrError(filter: {tags: $tags}) { ... on Runs { results { runId status
   tags { key value } } } } }"""
 
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 class RunningPlatform:
@@ -219,3 +210,14 @@ def test_sigterm_stops_every_process_it_started(platform):
     for port in platform.ports.values():
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"http://127.0.0.1:{port}/", timeout=2)
+
+
+def test_sigterm_while_starting_stops_what_had_started(tmp_path):
+    starting = RunningPlatform(tmp_path / "home")
+    wait_for(lambda: "is up" in starting.log() or starting.process.poll() is not None, 120, "the first service")
+    descendants = psutil.Process(starting.process.pid).children(recursive=True)
+    assert descendants, starting.log()
+    starting.process.send_signal(signal.SIGTERM)
+    assert starting.process.wait(timeout=90) != 0  # interrupted, not a clean run
+    _, alive = psutil.wait_procs(descendants, timeout=10)
+    assert alive == []

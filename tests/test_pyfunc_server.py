@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import mlflow.pyfunc
 import msgspec
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
@@ -348,6 +349,33 @@ def expected_predictions(model, rows=ROWS) -> list:
 
 def outcome_json(outcome: Outcome):
     return outcome.status, msgspec.json.decode(outcome.body)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rows", [
+    ROWS,
+    [[5, 3, 1, 0]],  # ints
+    [["5.1", 3.5, True, 0.2]],  # a numeric string and a bool, as pandas' astype converts them
+    [[None, 3.5, 1.4, 0.2]],  # a null becomes NaN
+    [[1e308, -0.0, 2**70, 0]],
+])
+def test_the_numeric_fast_path_reads_rows_as_mlflow_does(iris_model, rows):
+    import pandas as pd
+    from mlflow.utils.proto_json_utils import dataframe_from_parsed_json
+
+    from serving.runtime.pyfunc.predictor import numeric_frame, uniform_numeric_dtype
+
+    schema = iris_model.metadata.get_input_schema()
+    assert uniform_numeric_dtype(schema) is np.float64
+    mlflow_frame = dataframe_from_parsed_json({"columns": COLUMNS, "data": rows}, "split", schema)
+    pd.testing.assert_frame_equal(numeric_frame(tuple(COLUMNS), rows, np.float64), mlflow_frame)
+
+
+@pytest.mark.parametrize("rows", [[["wide", 1, 1, 1]], [[[1, 2], 1, 1, 1]], [[1, 2, 3]], [[{"a": 1}, 1, 1, 1]]])
+def test_the_numeric_fast_path_declines_what_it_cannot_read(rows):
+    from serving.runtime.pyfunc.predictor import numeric_frame
+
+    assert numeric_frame(tuple(COLUMNS), rows, np.float64) is None
 
 
 @pytest.mark.slow

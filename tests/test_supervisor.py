@@ -3,7 +3,6 @@
 import os
 import signal
 import threading
-import time
 
 import httpx
 import psutil
@@ -12,19 +11,11 @@ import pytest
 from cluster.local.backend import LocalCluster
 from cluster.local.supervisor import Supervisor, SupervisorConfig, plan, restart_delay_s
 from cluster.protocol import RevisionSpec
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
 COLUMNS = ["sepal length (cm)", "sepal width (cm)", "petal length (cm)", "petal width (cm)"]
 
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 @pytest.fixture(scope="module")

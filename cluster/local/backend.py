@@ -7,13 +7,12 @@ what it sees into the ``replicas`` table, which is also the router's discovery f
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 from sqlalchemy import Engine, delete, select
 from sqlalchemy.orm import Session
 
-from cluster.protocol import Replica, RevisionSpec
+from cluster.protocol import Replica, RevisionSpec, poll_changes
 from controlplane.schema import ReplicaRow, RevisionRow
 from controlplane.store import Clock, utc_now
 
@@ -61,13 +60,7 @@ class LocalCluster:
             return [replica_from_row(row) for row in session.scalars(query)]
 
     def watch(self, interval_s: float = 0.5) -> Iterator[list[Replica]]:
-        last = None
-        while True:
-            current = self.replicas()
-            if current != last:
-                last = current
-                yield current
-            time.sleep(interval_s)
+        return poll_changes(self.replicas, interval_s)
 
     def delete(self, revision_id: str) -> None:
         """Desired replicas 0 and state retired; the supervisor stops the processes."""

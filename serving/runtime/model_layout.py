@@ -14,7 +14,7 @@ The tokenizer is taken from the checkpoint folder when that holds one (a model l
 checkpoint directory keeps the files as saved there), else from ``components/tokenizer``.
 vLLM reads ``config.json`` beside the tokenizer (to pick model-specific tokenizer fixes);
 pointed at ``components/tokenizer``, which has none, it logs an error and retries for 2 s
-in every API-server and engine process, measured here: 4 s of a 15 s start.
+in every API-server and engine process (4 s added to each start with one API server).
 
 This module also reads the few ``config.json`` numbers the runtime sizes memory from:
 context length, and KV-cache bytes per token.

@@ -7,11 +7,12 @@ and environment of ``python -m vllm.entrypoints.openai.api_server`` for one repl
 - ``--scheduling-policy priority`` so the liveness probe (sent at the highest priority)
   jumps the queue of a saturated replica;
 - ``--enforce-eager``: on CPU, vLLM otherwise traces and compiles the model with
-  TorchInductor, which took ≈ 50 s instead of ≈ 15 s to start a tiny Llama here; a
-  replica that starts in seconds is what scale-from-zero and restarts need. The cost is
-  whatever throughput compilation would have won (``benchmarks/runtime_vs_vllm.py``
-  measures it against a default, compiled vLLM). On CUDA eager mode would give up CUDA
-  graphs, a large loss for small models, so it is set on CPU only (``VllmSettings``);
+  TorchInductor: SmolLM2-135M took 98-152 s to become healthy compiled against 34-49 s
+  eager on 2 cores here, and scale-from-zero and restarts wait for that. The cost is
+  whatever throughput compilation wins; ``benchmarks/runtime_vs_vllm.py`` compares against a
+  default, compiled vLLM (docs/benchmarks.md: equal at concurrency 16, eager slower at 1
+  and 4, on a noisy machine). On CUDA eager mode would give up CUDA graphs, a large loss
+  for small models, so it is set on CPU only (``VllmSettings``);
 - on CPU only: OpenMP threads bound to the replica's cores (from the cgroup quota, see
   ``cpu.py``), the KV cache sized from the memory actually free on the replica's NUMA node
   (vLLM's default, 92 % of the node, fails on any machine already running something), and
@@ -68,7 +69,7 @@ class VllmSettings:
     kv_cache_share: float = 0.5
     kv_cache_max_gib: int | None = None  # a ceiling, e.g. to pack several replicas on one node
     bind_threads: bool = True  # VLLM_CPU_OMP_THREADS_BIND = the replica's cores (else vLLM's "auto")
-    preload_jemalloc: bool = False  # LD_PRELOAD jemalloc when installed (see docs/benchmarks.md)
+    preload_jemalloc: bool = False  # LD_PRELOAD jemalloc when installed: far slower here (docs/benchmarks.md)
     uvicorn_access_log: bool = False  # one log line per request costs CPU on a busy replica
     extra_args: tuple[str, ...] = ()
 
