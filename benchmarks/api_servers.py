@@ -13,43 +13,20 @@ is to record it.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from benchmarks.runtime_vs_vllm import CACHE_DIR, WindowCounters, free_port, running_server
 
 CONCURRENCY = 16
 MAX_TOKENS = 16
-# vLLM-CPU's attention kernels (CPU_ATTN) support head sizes 32, 64, 80, ...; not 16.
-MIN_CPU_HEAD_DIM = 32
 
 
-def build_servable_tiny_llama(out_dir: Path) -> Path:
-    """``demo.tiny_llama``'s checkpoint, with its attention heads regrouped for vLLM's CPU kernels.
-
-    The demo model has 4 query heads and 2 KV heads of 16 dimensions; vLLM-CPU 0.32 refuses
-    head size 16 ("Unsupported CPU attention configuration: head_dim=16"). 4 × 16 = 2 × 32 and
-    2 × 16 = 1 × 32, so the same weight tensors load as 2 query heads and 1 KV head of 32:
-    only config.json changes. The regrouped model computes something else (attention pattern,
-    rotary embedding), so its answers are noise, which serving tests and throughput runs
-    never read. A demo model with heads of 32 or more is returned unchanged.
-    """
+def tiny_llama_checkpoint(out_dir: Path) -> Path:
+    """``demo.tiny_llama`` built once into ``out_dir`` (its heads of 32 suit vLLM's CPU attention)."""
     from demo.tiny_llama import build_tiny_llama
 
     out_dir = Path(out_dir)
-    if not (out_dir / "config.json").is_file():
-        build_tiny_llama(out_dir)
-    config_file = out_dir / "config.json"
-    config = json.loads(config_file.read_text())
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    if head_dim < MIN_CPU_HEAD_DIM:
-        factor = -(-MIN_CPU_HEAD_DIM // head_dim)
-        if config["num_attention_heads"] % factor or config["num_key_value_heads"] % factor:
-            raise ValueError(f"cannot regroup {config['num_attention_heads']} heads of {head_dim} into {factor}s")
-        config |= {"head_dim": head_dim * factor, "num_attention_heads": config["num_attention_heads"] // factor,
-                   "num_key_value_heads": config["num_key_value_heads"] // factor}
-        config_file.write_text(json.dumps(config, indent=2) + "\n")
-    return out_dir
+    return out_dir if (out_dir / "config.json").is_file() else build_tiny_llama(out_dir)
 
 
 def short_prompts() -> list[str]:
@@ -95,7 +72,7 @@ def main() -> None:
     from benchmarks.machine import write_result
 
     duration_s, warmup_s = (6.0, 2.0) if args.quick else (20.0, 3.0)
-    checkpoint = build_servable_tiny_llama(CACHE_DIR / "tiny-llama")
+    checkpoint = tiny_llama_checkpoint(CACHE_DIR / "tiny-llama")
     one = run(1, checkpoint, duration_s, warmup_s)
     two = run(2, checkpoint, duration_s, warmup_s)
     key = "server_output_tokens_per_s"  # exact (see WindowCounters); every answer is MAX_TOKENS long

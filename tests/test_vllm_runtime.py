@@ -198,7 +198,7 @@ def test_layout_of_a_downloaded_mlflow_transformers_model(tiny_model_dir):
     assert (tiny_model_dir / "components" / "tokenizer" / "tokenizer.json").is_file()  # MLflow's own copy
     assert layout.context_tokens == 512
     assert layout.bos_token_id == 1
-    assert layout.kv_bytes_per_token() == 2 * 2 * 2 * 16 * 2  # K+V × 2 layers × 2 KV heads × 16 × bf16
+    assert layout.kv_bytes_per_token() == 2 * 2 * 1 * 32 * 2  # K+V × 2 layers × 1 KV head × 32 dims × bf16
     assert 500_000 < layout.weights_bytes < 1_000_000
 
 
@@ -265,15 +265,14 @@ def live_server(tmp_path_factory):
     import psutil
     from mlflow import MlflowClient
 
-    from benchmarks.api_servers import build_servable_tiny_llama
     from benchmarks.runtime_vs_vllm import free_port, stop_server_session
-    from demo.tiny_llama import log_tiny_llama
+    from demo.tiny_llama import build_tiny_llama, log_tiny_llama
     from pipelines.registry import MlflowRegistry
 
     root = tmp_path_factory.mktemp("vllm-live")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     MlflowClient(tracking_uri=uri).create_experiment("modelplane-demo", artifact_location=(root / "artifacts").as_uri())
-    log_tiny_llama(uri, build_servable_tiny_llama(root / "tiny"), registered_model_name="tiny-llm")
+    log_tiny_llama(uri, build_tiny_llama(root / "tiny"), registered_model_name="tiny-llm")
     model_dir = MlflowRegistry(uri).download("tiny-llm", "1", root / "downloaded")
 
     runtime, config, port = VllmRuntime(), RuntimeConfig(model_name="tiny"), free_port()
