@@ -150,7 +150,8 @@ def served_endpoint(
     for spec in specs:
         runtime = choose_runtime(spec.runtime, source_model["is_llm"])
         replicas = max(1, spec.scaling.min_replicas)
-        revision = revisions.create(spec.name, context.partition_key, source_model["local_dir"], runtime, {}, replicas)
+        revision = revisions.create(spec.name, context.partition_key, source_model["local_dir"], runtime,
+                                    spec.replica.model_dump(), replicas)
         started = time.monotonic()
         result = driver.run(rollout(spec.name, revision.id, replicas))
         if not result.ok:

@@ -90,6 +90,15 @@ class RateLimits(_Strict):
     per_token_requests_per_s: float | None = Field(None, gt=0, description="Per bearer token, requests per second.")
 
 
+class ReplicaOptions(_Strict):
+    """How each replica's server runs (``serving.runtime.base.RuntimeConfig``)."""
+
+    api_server_count: int = Field(1, ge=1, le=16, description="vLLM: API server (front-end) processes per replica.")
+    workers: int = Field(1, ge=1, le=64, description="pyfunc: scoring worker processes per replica.")
+    max_batch_size: int = Field(64, ge=1, le=4096, description="pyfunc: most requests predicted together.")
+    max_batch_wait_ms: float = Field(2.0, ge=0, le=1000, description="pyfunc: longest wait for a batch to fill, ms.")
+
+
 class EndpointSpec(_Strict):
     """One serving endpoint: a registered model's alias, and how to serve it."""
 
@@ -101,6 +110,7 @@ class EndpointSpec(_Strict):
     slo: Slo = Slo()
     scaling: Scaling = Scaling()
     rate_limits: RateLimits = RateLimits()
+    replica: ReplicaOptions = ReplicaOptions()
 
     @field_validator("model")
     @classmethod

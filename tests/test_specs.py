@@ -72,3 +72,11 @@ def test_oversized_spec_is_refused():
 def test_exported_json_schema_matches_the_code():
     exported = json.loads((REPO / "docs" / "endpoint-spec.schema.json").read_text())
     assert exported == json_schema(), "run `make schema` to regenerate docs/endpoint-spec.schema.json"
+
+
+def test_replica_options_are_exactly_what_the_runtime_config_takes():
+    from serving.runtime.base import RuntimeConfig
+
+    options = parse_spec(MINIMAL + "replica: {api_server_count: 2, workers: 3}\n").replica.model_dump()
+    config = RuntimeConfig(model_name="gec", **options)
+    assert (config.api_server_count, config.workers, config.max_batch_size) == (2, 3, 64)
