@@ -201,6 +201,7 @@ class Platform:
                 )
             db.upgrade(settings.database_url)
             shutil.copyfile(REPO_ROOT / "dagster.yaml", settings.dagster_home / "dagster.yaml")
+            init_dagster_storage(settings.dagster_home)
             secrets = settings.secrets()
             env = child_environment(settings, secrets)
             for service in self.services:
@@ -312,6 +313,24 @@ def _signal_group(process: subprocess.Popen, sig: int) -> None:
         os.killpg(process.pid, sig)
     except ProcessLookupError:
         pass
+
+
+def init_dagster_storage(dagster_home: Path) -> None:
+    """Create Dagster's SQLite storage before its webserver and daemon start.
+
+    On a fresh DAGSTER_HOME both would create (and Alembic-stamp) the same databases at
+    once, and one of them dies with ``UNIQUE constraint failed: alembic_version``.
+    """
+    from dagster import DagsterInstance
+
+    os.environ["DAGSTER_HOME"] = str(dagster_home)  # dagster.yaml reads its storage dir from it
+    instance = DagsterInstance.from_config(str(dagster_home))
+    try:
+        instance.get_runs(limit=1)
+        instance.event_log_storage.get_asset_records()
+        instance.schedule_storage.all_instigator_state()
+    finally:
+        instance.dispose()
 
 
 def register_webhook(settings: Settings, secret: str) -> None:
