@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -39,15 +39,43 @@ class LoadResult:
         index = min(len(ordered) - 1, max(0, int(round(q * len(ordered))) - 1))
         return ordered[index] * 1000
 
+    def record(self, outcome: "Outcome", sent: float, done: float) -> None:
+        if outcome.ok:
+            self.latencies_s.append(done - sent)
+        else:
+            self.errors += 1
+
     def summary(self) -> dict:
         return {"concurrency": self.concurrency, "completed": self.completed, "errors": self.errors,
                 "throughput_rps": round(self.throughput_rps, 2), "p50_ms": round(self.percentile_ms(0.5), 2),
                 "p99_ms": round(self.percentile_ms(0.99), 2)}
 
 
-async def _closed_loop(url: str, make_body: Callable[[int], dict], concurrency: int, duration_s: float,
-                       warmup_s: float, headers: dict[str, str]) -> LoadResult:
-    result = LoadResult(concurrency=concurrency, duration_s=duration_s)
+@dataclass
+class Outcome:
+    """What one request came back with."""
+
+    ok: bool
+    error: str | None = None  # a sample for LoadResult.error_samples
+    tokens: int = 0  # OpenAI answers: output tokens
+    first_choice_at: float | None = None  # streaming: perf_counter time of the first choice
+
+
+Exchange = Callable[[aiohttp.ClientSession, str, dict], Awaitable[Outcome]]
+
+
+async def _plain_exchange(session: aiohttp.ClientSession, url: str, body: dict) -> Outcome:
+    async with session.post(url, json=body) as response:
+        content = await response.read()
+        if response.status < 400:
+            return Outcome(ok=True)
+        return Outcome(ok=False, error=f"{response.status}: {content[:200].decode(errors='replace')}")
+
+
+async def _drive(url: str, make_body: Callable[[int], dict], concurrency: int, duration_s: float, warmup_s: float,
+                 headers: dict[str, str], result: LoadResult, exchange: Exchange) -> LoadResult:
+    """The closed loop itself: ``concurrency`` workers, each sending its next request when the
+    last one is answered; only requests sent after the warm-up and answered before the end count."""
     start = time.perf_counter()
     measure_from, stop_at = start + warmup_s, start + warmup_s + duration_s
     connector = aiohttp.TCPConnector(limit=0)
@@ -55,27 +83,17 @@ async def _closed_loop(url: str, make_body: Callable[[int], dict], concurrency: 
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
         async def worker(worker_id: int) -> None:
             n = 0
-            while True:
-                sent = time.perf_counter()
-                if sent >= stop_at:
-                    return
+            while (sent := time.perf_counter()) < stop_at:
                 try:
-                    async with session.post(url, json=make_body(worker_id * 1_000_000 + n)) as response:
-                        await response.read()
-                        ok = response.status < 400
-                        if not ok and len(result.error_samples) < 5:
-                            result.error_samples.append(f"{response.status}: {(await response.text())[:200]}")
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                    ok = False
-                    if len(result.error_samples) < 5:
-                        result.error_samples.append(repr(exc))
+                    outcome = await exchange(session, url, make_body(worker_id * 1_000_000 + n))
+                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                    outcome = Outcome(ok=False, error=repr(exc))
                 done = time.perf_counter()
                 n += 1
+                if outcome.error and len(result.error_samples) < 5:
+                    result.error_samples.append(outcome.error)
                 if sent >= measure_from and done <= stop_at:
-                    if ok:
-                        result.latencies_s.append(done - sent)
-                    else:
-                        result.errors += 1
+                    result.record(outcome, sent, done)
 
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
     return result
@@ -84,7 +102,9 @@ async def _closed_loop(url: str, make_body: Callable[[int], dict], concurrency: 
 def closed_loop(url: str, make_body: Callable[[int], dict], *, concurrency: int, duration_s: float,
                 warmup_s: float = 1.0, headers: dict[str, str] | None = None) -> LoadResult:
     """Run one closed-loop load level and return its latencies."""
-    return asyncio.run(_closed_loop(url, make_body, concurrency, duration_s, warmup_s, headers or {}))
+    result = LoadResult(concurrency=concurrency, duration_s=duration_s)
+    return asyncio.run(_drive(url, make_body, concurrency, duration_s, warmup_s, headers or {}, result,
+                              _plain_exchange))
 
 
 # ---- OpenAI-style completions: output tokens and time to first token -------------------------
@@ -106,6 +126,13 @@ class TokenLoadResult(LoadResult):
             return float("nan")
         ordered = sorted(self.ttfts_s)
         return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered))) - 1))] * 1000
+
+    def record(self, outcome: Outcome, sent: float, done: float) -> None:
+        super().record(outcome, sent, done)
+        if outcome.ok:
+            self.output_tokens += outcome.tokens
+            if outcome.first_choice_at is not None:
+                self.ttfts_s.append(outcome.first_choice_at - sent)
 
     def summary(self) -> dict:
         result = super().summary() | {"output_tokens_per_s": round(self.output_tokens_per_s, 1)}
@@ -139,48 +166,17 @@ async def _read_completion(response: aiohttp.ClientResponse, stream: bool) -> tu
     return (usage_tokens if usage_tokens is not None else tokens), first_choice_at
 
 
-async def _closed_loop_openai(url: str, make_body: Callable[[int], dict], concurrency: int, duration_s: float,
-                              warmup_s: float, headers: dict[str, str], stream: bool) -> TokenLoadResult:
-    result = TokenLoadResult(concurrency=concurrency, duration_s=duration_s)
-    start = time.perf_counter()
-    measure_from, stop_at = start + warmup_s, start + warmup_s + duration_s
-    connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
-        async def worker(worker_id: int) -> None:
-            n = 0
-            while True:
-                sent = time.perf_counter()
-                if sent >= stop_at:
-                    return
-                body = make_body(worker_id * 1_000_000 + n)
-                if stream:
-                    body = body | {"stream": True, "stream_options": {"include_usage": True}}
-                tokens, first_choice_at, ok = 0, None, False
-                try:
-                    async with session.post(url, json=body) as response:
-                        ok = response.status < 400
-                        if ok:
-                            tokens, first_choice_at = await _read_completion(response, stream)
-                        elif len(result.error_samples) < 5:
-                            result.error_samples.append(f"{response.status}: {(await response.text())[:200]}")
-                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-                    ok = False
-                    if len(result.error_samples) < 5:
-                        result.error_samples.append(repr(exc))
-                done = time.perf_counter()
-                n += 1
-                if sent >= measure_from and done <= stop_at:
-                    if ok:
-                        result.latencies_s.append(done - sent)
-                        result.output_tokens += tokens
-                        if first_choice_at is not None:
-                            result.ttfts_s.append(first_choice_at - sent)
-                    else:
-                        result.errors += 1
+def _openai_exchange(stream: bool) -> Exchange:
+    async def exchange(session: aiohttp.ClientSession, url: str, body: dict) -> Outcome:
+        if stream:
+            body = body | {"stream": True, "stream_options": {"include_usage": True}}
+        async with session.post(url, json=body) as response:
+            if response.status >= 400:
+                return Outcome(ok=False, error=f"{response.status}: {(await response.text())[:200]}")
+            tokens, first_choice_at = await _read_completion(response, stream)
+            return Outcome(ok=True, tokens=tokens, first_choice_at=first_choice_at)
 
-        await asyncio.gather(*(worker(i) for i in range(concurrency)))
-    return result
+    return exchange
 
 
 def closed_loop_openai(url: str, make_body: Callable[[int], dict], *, concurrency: int, duration_s: float,
@@ -191,4 +187,6 @@ def closed_loop_openai(url: str, make_body: Callable[[int], dict], *, concurrenc
     With ``stream=True`` each request asks for server-sent events (with a final usage chunk)
     and the time to its first streamed choice (the first token) is recorded as well.
     """
-    return asyncio.run(_closed_loop_openai(url, make_body, concurrency, duration_s, warmup_s, headers or {}, stream))
+    result = TokenLoadResult(concurrency=concurrency, duration_s=duration_s)
+    return asyncio.run(_drive(url, make_body, concurrency, duration_s, warmup_s, headers or {}, result,
+                              _openai_exchange(stream)))
