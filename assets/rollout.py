@@ -6,6 +6,7 @@ step through a rollout with no I/O (as httpx's ``Auth.auth_flow`` is tested):
     flow = rollout("gec", "gec-gec-v2-1", replicas=1)
     flow.send(None)          → Start("gec-gec-v2-1", 1)
     flow.send(None)          → WaitReady("gec-gec-v2-1", 1)
+    flow.send(True)          → StillCurrent("gec")
     flow.send(True)          → Route("gec", "gec-gec-v2-1")
     flow.send("gec-gec-v1-1")→ Drain("gec-gec-v1-1")
     flow.send(None)          → Retire("gec-gec-v1-1")
@@ -36,6 +37,16 @@ class WaitReady:
 
 
 @dataclass(frozen=True)
+class StillCurrent:
+    """Result: True when the endpoint's alias still points at the version being rolled out.
+
+    Asked right before traffic moves: a slow rollout of v3 must not take the endpoint back
+    from v4 when the alias moved on while v3 was loading."""
+
+    endpoint: str
+
+
+@dataclass(frozen=True)
 class Route:
     """Result: the revision id that served the endpoint before, or None."""
 
@@ -59,9 +70,10 @@ class RolloutResult:
     revision_id: str
     previous_revision_id: str | None = None
     reason: str = ""
+    superseded: bool = False
 
 
-Action = Start | WaitReady | Route | Drain | Retire
+Action = Start | WaitReady | StillCurrent | Route | Drain | Retire
 
 
 def rollout(endpoint: str, revision_id: str, replicas: int) -> Generator[Action, object, RolloutResult]:
@@ -71,6 +83,10 @@ def rollout(endpoint: str, revision_id: str, replicas: int) -> Generator[Action,
         yield Retire(revision_id)
         return RolloutResult(ok=False, revision_id=revision_id, reason="the new revision never became ready; "
                                                                        "the endpoint keeps its current revision")
+    if not (yield StillCurrent(endpoint)):
+        yield Retire(revision_id)
+        return RolloutResult(ok=False, revision_id=revision_id, superseded=True,
+                             reason="the alias moved to another version during the rollout; traffic stays where it is")
     previous = yield Route(endpoint, revision_id)
     if previous is not None and previous != revision_id:
         yield Drain(previous)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import httpx
 from dagster import AssetExecutionContext, Failure, MetadataValue, Output, asset
 
-from assets.rollout import Drain, Retire, RolloutResult, Route, Start, WaitReady, rollout
+from assets.rollout import Drain, Retire, RolloutResult, Route, Start, StillCurrent, WaitReady, rollout
 from assets.source_model import model_versions
 from cluster.protocol import Cluster, RevisionSpec
 from controlplane.revisions import RevisionStore
@@ -44,6 +44,7 @@ class RolloutDriver:
     drain_grace_s: float = 2.0  # > the router's refresh interval: no new request reaches the old revision
     drain_timeout_s: float = 120.0
     poll_s: float = 0.5
+    still_current: Callable[[str], bool] = lambda _endpoint: True  # noqa: E731 - endpoint → alias unchanged?
 
     def run(self, flow: Generator) -> RolloutResult:
         result = None
@@ -64,6 +65,8 @@ class RolloutDriver:
             return None
         if isinstance(action, WaitReady):
             return self._wait_ready(action)
+        if isinstance(action, StillCurrent):
+            return self.still_current(action.endpoint)
         if isinstance(action, Route):
             previous = self.revisions.route(action.endpoint, action.revision_id)
             self.revisions.set_state(action.revision_id, "serving")
@@ -145,7 +148,9 @@ def served_endpoint(
                       + (f" (the aliases of {names} point elsewhere)" if names else
                          f"; create a spec with model: models:/{model}@<alias>"))
     revisions = RevisionStore(control_plane.engine())
-    driver = RolloutDriver(cluster.client(), revisions, context.log.info)
+    aliases = {spec.name: spec.alias for spec in specs}
+    driver = RolloutDriver(cluster.client(), revisions, context.log.info,
+                           still_current=lambda endpoint: client.alias_version(model, aliases[endpoint]) == version)
     served = []
     for spec in specs:
         runtime = choose_runtime(spec.runtime, source_model["is_llm"])
@@ -154,11 +159,17 @@ def served_endpoint(
                                     spec.replica.model_dump(), replicas)
         started = time.monotonic()
         result = driver.run(rollout(spec.name, revision.id, replicas))
+        if result.superseded:
+            context.log.warning(f"{spec.name}: {result.reason}")
+            continue
         if not result.ok:
             raise Failure(description=f"{spec.name}: {result.reason}")
         served.append({"endpoint": spec.name, "revision": revision.id, "previous_revision": result.previous_revision_id,
                        "runtime": runtime, "replicas": replicas, "time_to_ready_s": round(time.monotonic() - started, 1),
                        "url": f"{control_plane.router_url}/serving-endpoints/{spec.name}/invocations"})
+    if not served:
+        raise Failure(description=f"every endpoint's alias moved past {model} v{version} during the rollout; "
+                                  "nothing changed")
     first = served[0]
     return Output(served, metadata={
         "url": MetadataValue.url(first["url"]),

@@ -79,7 +79,10 @@ def verify(
     except ValueError:
         raise WebhookRejected(401, "X-MLflow-Timestamp must be integer unix seconds") from None
     expected = sign(secret, delivery_id, timestamp, body)
-    if not any(hmac.compare_digest(expected, candidate.strip()) for candidate in signature.split(" ")):
+    # Bytes, not str: compare_digest refuses non-ASCII str, and a header may carry any byte.
+    expected_bytes = expected.encode()
+    candidates = (c.strip().encode("utf-8", "replace") for c in signature.split(" "))
+    if not any(hmac.compare_digest(expected_bytes, candidate) for candidate in candidates):
         raise WebhookRejected(401, "signature does not match the body (wrong secret or altered payload)")
     if abs(now_s - sent_at_s) > tolerance_s:
         raise WebhookRejected(

@@ -2,7 +2,7 @@
 
 import pytest
 
-from assets.rollout import Drain, Retire, RolloutResult, Route, Start, WaitReady, rollout
+from assets.rollout import Drain, Retire, RolloutResult, Route, Start, StillCurrent, WaitReady, rollout
 from assets.served_endpoint import RolloutDriver, choose_runtime
 from cluster.fake import InMemoryCluster
 from controlplane.revisions import RevisionStore
@@ -22,14 +22,15 @@ def drive(flow, answers: dict) -> tuple[list, RolloutResult]:
 
 
 def test_first_rollout_starts_waits_and_routes():
-    actions, result = drive(rollout("gec", "r2", 1), {WaitReady: True, Route: None})
-    assert actions == [Start("r2", 1), WaitReady("r2", 1), Route("gec", "r2")]
+    actions, result = drive(rollout("gec", "r2", 1), {WaitReady: True, StillCurrent: True, Route: None})
+    assert actions == [Start("r2", 1), WaitReady("r2", 1), StillCurrent("gec"), Route("gec", "r2")]
     assert result == RolloutResult(ok=True, revision_id="r2")
 
 
 def test_replacing_a_revision_drains_and_retires_the_old_one_after_routing():
-    actions, result = drive(rollout("gec", "r2", 2), {WaitReady: True, Route: "r1"})
-    assert actions == [Start("r2", 2), WaitReady("r2", 2), Route("gec", "r2"), Drain("r1"), Retire("r1")]
+    actions, result = drive(rollout("gec", "r2", 2), {WaitReady: True, StillCurrent: True, Route: "r1"})
+    assert actions == [Start("r2", 2), WaitReady("r2", 2), StillCurrent("gec"), Route("gec", "r2"), Drain("r1"),
+                       Retire("r1")]
     assert result.previous_revision_id == "r1"
 
 
@@ -38,6 +39,13 @@ def test_a_revision_that_never_gets_ready_is_retired_and_traffic_never_moves():
     assert actions == [Start("r2", 1), WaitReady("r2", 1), Retire("r2")]
     assert not result.ok
     assert "keeps its current revision" in result.reason
+
+
+def test_a_rollout_overtaken_by_a_newer_version_retires_itself_and_leaves_traffic_alone():
+    actions, result = drive(rollout("gec", "r3", 1), {WaitReady: True, StillCurrent: False})
+    assert actions == [Start("r3", 1), WaitReady("r3", 1), StillCurrent("gec"), Retire("r3")]
+    assert result.superseded and not result.ok
+    assert not any(isinstance(a, Route) for a in actions)
 
 
 @pytest.mark.parametrize("requested, is_llm, expected", [

@@ -134,3 +134,10 @@ def test_verify_rejects_an_overlong_delivery_id():
     with pytest.raises(WebhookRejected) as rejected:
         verify(secret=SECRET, delivery_id="x" * 65, timestamp="1", signature="v1,x", body=b"{}", now_s=1.0)
     assert rejected.value.status == 401
+
+
+def test_a_non_ascii_signature_is_a_401_not_a_crash():
+    with pytest.raises(WebhookRejected) as rejected:
+        verify(secret=SECRET, delivery_id="d", timestamp=str(int(NOW_S)), signature="v1,ünïcode", body=b"{}",
+               now_s=NOW_S)
+    assert rejected.value.status == 401

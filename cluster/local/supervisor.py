@@ -76,7 +76,12 @@ def free_port(host: str) -> int:
 
 
 def kill_group(process: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM the process group, SIGKILL it after ``grace_s``, and reap it."""
+    """SIGTERM the process group, SIGKILL it after ``grace_s``, reap it, and kill any child
+    that had left the group (engine workers)."""
+    try:  # before the parent is reaped: afterwards its orphans belong to init
+        children = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(process.pid, sig)
@@ -87,11 +92,11 @@ def kill_group(process: subprocess.Popen, grace_s: float) -> None:
             break
         except subprocess.TimeoutExpired:
             continue
-    try:  # children that left the group (engine workers) go too
-        for child in psutil.Process(process.pid).children(recursive=True):
+    for child in children:
+        try:
             child.kill()
-    except psutil.NoSuchProcess:
-        pass
+        except psutil.NoSuchProcess:
+            pass
 
 
 class ManagedReplica:
@@ -108,6 +113,7 @@ class ManagedReplica:
         self._log_path = logs_dir / f"{replica_id}.log"
         self._config = config
         self._stop = threading.Event()
+        self._process_lock = threading.Lock()  # stop() and a (re)start never interleave
         self._process: subprocess.Popen | None = None
         self.port = 0
         self.restarts = 0
@@ -117,9 +123,11 @@ class ManagedReplica:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._process is not None:
-            kill_group(self._process, self._config.stop_grace_s)
+        with self._process_lock:
+            self._stop.set()
+            process = self._process
+        if process is not None:
+            kill_group(process, self._config.stop_grace_s)
         self._thread.join(timeout=self._config.stop_grace_s + 15)
         self._write("stopped", None)
 
@@ -144,17 +152,19 @@ class ManagedReplica:
         self.port = free_port(self._config.host)
         launch = self.runtime.command(self.model_dir, self._config.host, self.port, self.runtime_config)
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self._log_path.open("ab") as log_file:
+        with self._process_lock, self._log_path.open("ab") as log_file:
+            if self._stop.is_set():
+                return "stopped"
             self._process = subprocess.Popen(launch.argv, env={**os.environ, **launch.env}, stdout=log_file,
                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              start_new_session=True)
         self._write("starting", None)
         try:
             error = self._wait_ready()
-            if error is None:
+            if error is None and not self._stop.is_set():
                 self._write("ready", None)
                 error = self._stay_alive()
-            return error
+            return error or "stopped"
         finally:
             if not self._stop.is_set():
                 kill_group(self._process, grace_s=5.0)
@@ -176,7 +186,7 @@ class ManagedReplica:
                 except httpx.HTTPError:
                     pass
                 self._stop.wait(0.5)
-        return None if self._stop.is_set() else f"not ready after {self._config.start_timeout_s:.0f} s"
+        return "stopped" if self._stop.is_set() else f"not ready after {self._config.start_timeout_s:.0f} s"
 
     def _stay_alive(self) -> str:
         """Watch forward progress (``serving.runtime.liveness``) until the replica dies or hangs."""
@@ -213,6 +223,8 @@ class ManagedReplica:
     def _write(self, state: str, error: str | None) -> None:
         with Session(self._engine) as session, session.begin():
             row = session.get(ReplicaRow, self.replica_id)
+            if row is None and self._stop.is_set() and state != "stopped":
+                return  # a late write from a stopping replica must not bring its deleted row back
             if row is None:
                 row = ReplicaRow(id=self.replica_id, revision_id=self.revision_id)
                 session.add(row)
@@ -240,11 +252,11 @@ class Supervisor:
         for replica_id in to_start:
             revision = revisions[replica_id.rsplit("-", 1)[0]]
             try:
-                runtime = runtime_for(revision.runtime)
-            except KeyError as exc:
-                log.error("revision %s: %s", revision.id, exc)
+                managed = ManagedReplica(replica_id, revision, runtime_for(revision.runtime), self._engine,
+                                         self._logs_dir, self._config)
+            except (KeyError, TypeError, ValueError) as exc:  # one bad revision must not block the others
+                log.error("revision %s cannot start: %s", revision.id, exc)
                 continue
-            managed = ManagedReplica(replica_id, revision, runtime, self._engine, self._logs_dir, self._config)
             self.replicas[replica_id] = managed
             managed.start()
 

@@ -57,7 +57,10 @@ class Proxy:
         self.session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.config.request_timeout_s, connect=self.config.connect_timeout_s)
+        # No total deadline: it would cut a long LLM stream mid-body. A replica silent for
+        # request_timeout_s between two reads is what times out.
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s,
+                                        sock_read=self.config.request_timeout_s)
         self.session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0),
                                              auto_decompress=False)
 
@@ -78,14 +81,21 @@ class Proxy:
                 self.metrics.retries.labels(upstream.route.name).inc()
             self.in_flight[url] += 1
             try:
+                # identity: bodies are relayed as they come, so they must not come compressed
                 response = await self.session.post(f"{url}{upstream.path}", data=upstream.body,
-                                                   headers={"Content-Type": "application/json"})
+                                                   headers={"Content-Type": "application/json",
+                                                            "Accept-Encoding": "identity"})
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                 # Nothing came back (refused, reset, or closed before the status line): safe to retry.
                 self._release(url)
                 last_error = f"{type(exc).__name__}: {exc}"
                 log.warning("replica %s failed before answering (%s); trying another", url, last_error)
                 continue
+            except BaseException as exc:
+                self._release(url)
+                if isinstance(exc, aiohttp.ClientError):
+                    raise RouterError(502, f"replica of {upstream.route.name!r} answered badly: {exc}") from None
+                raise
             return await self._relay(url, response, upstream)
         raise RouterError(503, f"no replica of {upstream.route.name!r} could be reached ({last_error}); retry shortly",
                           {"Retry-After": str(self.config.retry_after_s)})
@@ -100,6 +110,11 @@ class Proxy:
         if not response.content_type.startswith("text/event-stream"):
             try:
                 content = await response.read()
+            except aiohttp.ClientError as exc:
+                raise RouterError(502, f"replica of {upstream.route.name!r} broke off its answer: {exc}") from None
+            except asyncio.TimeoutError:
+                raise RouterError(504, f"replica of {upstream.route.name!r} stopped answering for "
+                                       f"{self.config.request_timeout_s:.0f} s") from None
             finally:
                 response.release()
                 self._release(url)
@@ -122,10 +137,11 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable]) -> 
     metrics = Metrics()
     proxy = Proxy(config, metrics)
     state = {"table": RoutingTable(), "loaded_at": 0.0}
+    reload_lock = asyncio.Lock()
 
     async def refresh() -> None:
+        state["loaded_at"] = time.monotonic()  # an attempt counts, so failures do not stampede
         state["table"] = await asyncio.to_thread(load_table)
-        state["loaded_at"] = time.monotonic()
 
     async def refresh_forever() -> None:
         while True:
@@ -141,9 +157,15 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable]) -> 
         try:
             return admission.authenticate(request.headers.get("authorization"), state["table"])
         except RouterError as exc:
-            if exc.status != 401 or time.monotonic() - state["loaded_at"] < 0.1:
+            if exc.status != 401:
                 raise
-            await refresh()
+            async with reload_lock:  # one reload at a time, however many unknown tokens arrive
+                if time.monotonic() - state["loaded_at"] >= 0.1:
+                    try:
+                        await refresh()
+                    except Exception:  # noqa: BLE001 - the database being down is no reason to 500
+                        log.exception("reloading the routing table for an unknown token failed")
+                        raise exc from None
             return admission.authenticate(request.headers.get("authorization"), state["table"])
 
     @contextlib.asynccontextmanager
