@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks.runtime_vs_vllm import CACHE_DIR, WindowCounters, free_port, running_server
+from benchmarks.runtime_vs_vllm import CACHE_DIR, REPO_ROOT, WindowCounters
+from serving.runtime.process import free_port, running_server
 
 CONCURRENCY = 16
 MAX_TOKENS = 16
@@ -51,7 +52,7 @@ def run(api_server_count: int, checkpoint: Path, duration_s: float, warmup_s: fl
 
     print(f"api-server-count {api_server_count}: {' '.join(launch.argv[1:])}\n  env {launch.env}", flush=True)
     log = CACHE_DIR / "logs" / f"api_servers_{api_server_count}.log"
-    with running_server(launch.argv, launch.env, port, log) as (base, startup_s):
+    with running_server(launch.argv, launch.env, port, log, cwd=REPO_ROOT) as (base, startup_s):
         url = f"{base}/v1/completions"
         closed_loop_openai(url, body, concurrency=4, duration_s=2.0, warmup_s=0.0)  # first passes are slow
         with WindowCounters(base, warmup_s, duration_s) as counters:

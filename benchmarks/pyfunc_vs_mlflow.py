@@ -30,6 +30,7 @@ import httpx
 
 from benchmarks.loadgen import closed_loop
 from benchmarks.machine import write_result
+from serving.runtime.process import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -67,14 +68,6 @@ def mlflow_command(model_dir: Path, port: int) -> tuple[list[str], dict[str, str
     argv = [str(VENV_BIN / "mlflow"), "models", "serve", "-m", str(model_dir), "--env-manager", "local",
             "-h", "127.0.0.1", "-p", str(port)]
     return argv, {"PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Server:

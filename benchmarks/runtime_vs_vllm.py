@@ -20,17 +20,14 @@ ours with jemalloc preloaded (one server at a time, about 10 minutes in all).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+
+from serving.runtime.process import free_port, running_server
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = REPO_ROOT / ".modelplane" / "bench"
@@ -39,67 +36,6 @@ GOAL = "throughput ratio >= 0.95 and p99 within 5% at the highest concurrency"
 
 
 # ---- servers --------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def stop_server_session(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
-    """SIGTERM the server's process group, then SIGKILL whatever of its session is left.
-
-    vLLM's engine core and workers are spawned children in the server's session; a crash
-    of the front end must not leave them holding cores and memory.
-    """
-    import psutil
-
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    leftovers = []
-    for p in psutil.process_iter():
-        with contextlib.suppress(psutil.Error, ProcessLookupError):
-            if os.getsid(p.pid) == proc.pid:
-                leftovers.append(p)
-    for p in leftovers:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(leftovers, timeout=10)
-
-
-@contextlib.contextmanager
-def running_server(argv: list[str], env: dict[str, str], port: int, log_path: Path,
-                   startup_timeout_s: float = 300.0) -> Iterator[tuple[str, float]]:
-    """Start a server in its own session, wait for ``GET /health``; yield (base URL, startup seconds)."""
-    import httpx
-
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    base = f"http://127.0.0.1:{port}"
-    started = time.monotonic()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=REPO_ROOT)
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode} before it was healthy; see {log_path}:\n"
-                                   + log_path.read_text()[-3000:])
-            if time.monotonic() - started > startup_timeout_s:
-                raise TimeoutError(f"server not healthy after {startup_timeout_s} s; see {log_path}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/health", timeout=2, trust_env=False).status_code == 200:
-                    break
-            time.sleep(0.5)
-        yield base, time.monotonic() - started
-    finally:
-        stop_server_session(proc)
-
 
 # ---- model and prompts ----------------------------------------------------------------------
 
@@ -227,7 +163,7 @@ def anchor_launch(checkpoint_dir: Path, port: int, kv_cache_gib: str) -> tuple[l
 def run_server(name: str, argv: list[str], env: dict[str, str], port: int, model: str, prompts: list[str],
                levels: list[int], duration_s: float, warmup_s: float) -> dict:
     print(f"{name}: {' '.join(argv[1:])}\n  env {env}", flush=True)
-    with running_server(argv, env, port, CACHE_DIR / "logs" / f"{name}.log") as (base, startup_s):
+    with running_server(argv, env, port, CACHE_DIR / "logs" / f"{name}.log", cwd=REPO_ROOT) as (base, startup_s):
         print(f"  healthy after {startup_s:.1f} s", flush=True)
         levels_out = measure(base, model, prompts, levels, duration_s, warmup_s)
     return {"argv": argv[1:], "env": env, "startup_s": round(startup_s, 1), "levels": levels_out}

@@ -265,7 +265,7 @@ def live_server(tmp_path_factory):
     import psutil
     from mlflow import MlflowClient
 
-    from benchmarks.runtime_vs_vllm import free_port, stop_server_session
+    from serving.runtime.process import free_port, stop_server_session
     from demo.tiny_llama import build_tiny_llama, log_tiny_llama
     from pipelines.registry import MlflowRegistry
 

@@ -2,7 +2,7 @@
 
 from collections import Counter
 
-from assets.gec_eval_data import SET_SIZE, pairs, split
+from evaluation.gec_data import SET_SIZE, pairs, split
 
 
 def test_the_set_has_at_least_300_distinct_pairs_of_every_kind():

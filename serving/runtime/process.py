@@ -1,0 +1,79 @@
+"""Starting a server process for a while: a free port, its own session, health, and a clean stop.
+
+Used where modelplane runs an engine outside the supervisor for a bounded job (the eval
+gate, benchmarks): start it in a new session so that every child (vLLM's engine core and
+workers) can be found and stopped, wait for ``GET /health``, and on the way out stop the
+whole session, SIGTERM first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stop_server_session(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """SIGTERM the server's process group, then SIGKILL whatever of its session is left.
+
+    vLLM's engine core and workers are spawned children in the server's session; a crash
+    of the front end must not leave them holding cores and memory.
+    """
+    import psutil
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    leftovers = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getsid(p.pid) == proc.pid:
+                leftovers.append(p)
+    for p in leftovers:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(leftovers, timeout=10)
+
+
+@contextlib.contextmanager
+def running_server(argv: list[str], env: dict[str, str], port: int, log_path: Path,
+                   startup_timeout_s: float = 300.0, cwd: Path | None = None) -> Iterator[tuple[str, float]]:
+    """Start a server in its own session, wait for ``GET /health``; yield (base URL, startup seconds)."""
+    import httpx
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    base = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=cwd)
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode} before it was healthy; see {log_path}:\n"
+                                   + log_path.read_text()[-3000:])
+            if time.monotonic() - started > startup_timeout_s:
+                raise TimeoutError(f"server not healthy after {startup_timeout_s} s; see {log_path}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{base}/health", timeout=2, trust_env=False).status_code == 200:
+                    break
+            time.sleep(0.5)
+        yield base, time.monotonic() - started
+    finally:
+        stop_server_session(proc)
