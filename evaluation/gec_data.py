@@ -140,3 +140,9 @@ def split(all_pairs: list[GecPair], percent: int = HELD_OUT_PERCENT) -> tuple[li
     """(development, held out)."""
     held = [p for p in all_pairs if is_held_out(p, percent)]
     return [p for p in all_pairs if not is_held_out(p, percent)], held
+
+
+def calibration_texts(count: int = 64) -> list[str]:
+    """Text for quantization steps that need data (static KV-cache scales): development pairs only."""
+    development, _ = split(pairs())
+    return [f"{pair.source} {pair.target}" for pair in development[:count]]

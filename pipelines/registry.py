@@ -38,6 +38,22 @@ class ModelRegistry(Protocol):
     def download(self, model: str, version: str, dst: Path) -> Path:
         """Copy the version's artifacts into ``dst`` (replaced atomically) and return it."""
 
+    def log_derived(self, model: str, version: str, kind: str, local_dir: Path, tags: dict[str, str],
+                    metrics: dict[str, float]) -> str:
+        """Log files derived from a version (e.g. its quantized checkpoint) as a run, linked by tags.
+
+        The run carries ``modelplane.source_model``, ``modelplane.source_version`` and
+        ``modelplane.kind`` tags; the version gets ``modelplane.<kind>.run_id``. Returns the run id.
+        """
+
+
+DERIVED_EXPERIMENT = "modelplane-derived"
+
+
+def link_tags(model: str, version: str, kind: str) -> dict[str, str]:
+    """Tags that tie a derived run to the version it came from."""
+    return {"modelplane.source_model": model, "modelplane.source_version": version, "modelplane.kind": kind}
+
 
 def partition_key(model: str, version: str) -> str:
     """``gec`` version ``3`` deploys as partition ``gec.v3``."""
@@ -115,6 +131,30 @@ class MlflowRegistry:
             shutil.rmtree(staging, ignore_errors=True)
         return dst
 
+    def log_derived(self, model: str, version: str, kind: str, local_dir: Path, tags: dict[str, str],
+                    metrics: dict[str, float]) -> str:
+        source = self.model_version(model, version)
+        experiment_id = self._experiment_for(source)
+        run = self._client.create_run(experiment_id, run_name=f"{model}-v{version}-{kind}",
+                                      tags={**link_tags(model, version, kind), **tags})
+        try:
+            for name, value in metrics.items():
+                self._client.log_metric(run.info.run_id, name, value)
+            self._client.log_artifacts(run.info.run_id, str(local_dir), artifact_path=kind)
+        except Exception:
+            self._client.set_terminated(run.info.run_id, "FAILED")
+            raise
+        self._client.set_terminated(run.info.run_id, "FINISHED")
+        self._client.set_model_version_tag(model, version, f"modelplane.{kind}.run_id", run.info.run_id)
+        return run.info.run_id
+
+    def _experiment_for(self, source: RegisteredVersion) -> str:
+        """The experiment of the run that logged the version, else ``modelplane-derived``."""
+        if source.run_id:
+            return self._client.get_run(source.run_id).info.experiment_id
+        existing = self._client.get_experiment_by_name(DERIVED_EXPERIMENT)
+        return existing.experiment_id if existing else self._client.create_experiment(DERIVED_EXPERIMENT)
+
 
 class InMemoryRegistry:
     """A registry held in dicts, for tests. Files of a version are given as {relative path: bytes}."""
@@ -123,6 +163,7 @@ class InMemoryRegistry:
         self._versions: dict[tuple[str, str], RegisteredVersion] = {}
         self._files: dict[tuple[str, str], dict[str, bytes]] = {}
         self._aliases: dict[tuple[str, str], str] = {}
+        self.derived: dict[str, dict] = {}  # run id → what log_derived recorded
 
     def register(self, model: str, files: dict[str, bytes] | None = None, **details: object) -> str:
         version = str(1 + sum(1 for m, _ in self._versions if m == model))
@@ -155,3 +196,13 @@ class InMemoryRegistry:
             (staging / relative).write_bytes(content)
         _replace_dir(staging, dst)
         return dst
+
+    def log_derived(self, model: str, version: str, kind: str, local_dir: Path, tags: dict[str, str],
+                    metrics: dict[str, float]) -> str:
+        registered = self.model_version(model, version)
+        run_id = f"memory-run-{len(self.derived) + 1}"
+        files = sorted(str(p.relative_to(local_dir)) for p in Path(local_dir).rglob("*") if p.is_file())
+        self.derived[run_id] = {"tags": {**link_tags(model, version, kind), **tags}, "metrics": dict(metrics),
+                                "files": files}
+        registered.tags[f"modelplane.{kind}.run_id"] = run_id
+        return run_id

@@ -94,3 +94,29 @@ def test_partition_keys_round_trip(model, version):
 def test_malformed_partition_keys_are_refused(key):
     with pytest.raises(ValueError, match="<model>.v<version>"):
         parse_partition_key(key)
+
+
+def test_derived_files_are_logged_and_linked_to_their_version_by_tags(harness, tmp_path):
+    harness.register("gec", {"MLmodel": b"flavors: {}\n"})
+    derived = tmp_path / "quantized"
+    derived.mkdir()
+    (derived / "config.json").write_text("{}")
+    if isinstance(harness, MlflowHarness):
+        harness.client.create_experiment("modelplane-derived", artifact_location=(tmp_path / "derived").as_uri())
+    run_id = harness.registry.log_derived("gec", "1", "quantized_checkpoint", derived,
+                                          tags={"modelplane.scheme": "int8-w8a8-channel"}, metrics={"size_mb": 1.5})
+    assert harness.registry.model_version("gec", "1").tags["modelplane.quantized_checkpoint.run_id"] == run_id
+    if isinstance(harness, MlflowHarness):
+        run = harness.client.get_run(run_id)
+        assert run.data.tags["modelplane.source_version"] == "1"
+        assert run.data.tags["modelplane.scheme"] == "int8-w8a8-channel"
+        assert run.data.metrics["size_mb"] == 1.5
+        assert [f.path for f in harness.client.list_artifacts(run_id, "quantized_checkpoint")] == [
+            "quantized_checkpoint/config.json"]
+    else:
+        assert harness.registry.derived[run_id]["files"] == ["config.json"]
+
+
+def test_derived_files_of_an_unknown_version_are_refused(harness, tmp_path):
+    with pytest.raises(KeyError, match="gec version 9"):
+        harness.registry.log_derived("gec", "9", "quantized_checkpoint", tmp_path, tags={}, metrics={})

@@ -374,3 +374,18 @@ def test_live_streaming_load_records_time_to_first_token(live_server):
     assert result.output_tokens == 8 * result.completed
     assert len(result.ttfts_s) == result.completed
     assert all(0 < ttft <= latency for ttft, latency in zip(result.ttfts_s, result.latencies_s))
+
+
+def test_a_checkpoint_with_a_kv_cache_scheme_runs_with_an_fp8_kv_cache(tiny_model_dir, tmp_path):
+    import json
+
+    checkpoint = tmp_path / "kv8"
+    shutil.copytree(locate(tiny_model_dir).checkpoint_dir, checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    plain = cpu_runtime().command(checkpoint, "127.0.0.1", 8000, RuntimeConfig(model_name="m")).argv
+    assert "--kv-cache-dtype" not in plain
+    config["quantization_config"] = {"quant_method": "compressed-tensors",
+                                     "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor"}}
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    argv = cpu_runtime().command(checkpoint, "127.0.0.1", 8000, RuntimeConfig(model_name="m")).argv
+    assert argv[argv.index("--kv-cache-dtype") + 1] == "fp8"

@@ -31,7 +31,7 @@ import yaml
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 # Bytes per element for the dtypes a KV cache is kept in; "auto" on CPU gives bf16 for
 # fp32 and bf16 checkpoints, fp16 stays fp16: 2 bytes in every case but an explicit float32.
-DTYPE_BYTES = {"float32": 4, "float": 4}
+DTYPE_BYTES = {"float32": 4, "float": 4, "fp8": 1}
 
 
 class ModelLayoutError(ValueError):
@@ -63,6 +63,16 @@ class ModelLayout:
         """The longest sequence the model was built for (``max_position_embeddings``)."""
         value = _text_config(self.config).get("max_position_embeddings")
         return int(value) if isinstance(value, int) and value > 0 else None
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        """``fp8`` when the checkpoint was quantized with a KV-cache scheme (compressed-tensors), else ``auto``.
+
+        vLLM loads the calibrated KV scales from such a checkpoint but keeps the cache in the
+        model's dtype unless ``--kv-cache-dtype fp8`` is given.
+        """
+        scheme = (self.config.get("quantization_config") or {}).get("kv_cache_scheme") or {}
+        return "fp8" if scheme.get("type") == "float" and scheme.get("num_bits") == 8 else "auto"
 
     def kv_bytes_per_token(self, dtype: str = "auto") -> int | None:
         """KV-cache bytes one token takes: 2 (K and V) × layers × KV heads × head dim × element bytes.

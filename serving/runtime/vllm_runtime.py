@@ -219,6 +219,8 @@ class VllmRuntime:
                 "--dtype", s.dtype]
         if not s.uvicorn_access_log:
             argv.append("--disable-uvicorn-access-log")
+        if layout.kv_cache_dtype != "auto":  # a checkpoint quantized with a KV-cache scheme
+            argv += ["--kv-cache-dtype", layout.kv_cache_dtype]
         # The engine's internal sockets and distributed init bind this address; without it
         # vLLM picks the host's outward-facing IP, which a sandbox may not route.
         env = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
@@ -240,7 +242,7 @@ class VllmRuntime:
         s = self.settings
         cpus = config.cpu_cores if config.cpu_cores is not None else cpu.available_cpus()
         cores = bind_cpus(self._allowed_cpus(), cpus)
-        per_token = layout.kv_bytes_per_token(s.dtype)
+        per_token = layout.kv_bytes_per_token(layout.kv_cache_dtype if layout.kv_cache_dtype != "auto" else s.dtype)
         context = s.max_model_len_tokens or layout.context_tokens
         wanted = CPU_DEFAULT_MAX_NUM_SEQS * context if context else None
         processes = config.api_server_count + 1  # API servers + the engine core
