@@ -1,5 +1,8 @@
 """``served_endpoint``: the version live behind the router, for every endpoint that serves it.
 
+It serves the checkpoint ``quantized_checkpoint`` produced (the source files for classic
+models and ``scheme: none``), and runs only once the blocking ``eval_gate`` passed.
+
 For each endpoint spec whose alias still points at this version: create a revision, start
 its replicas on the cluster backend, wait until every replica is ready, move the
 endpoint's traffic to it, drain the previous revision and retire it (:mod:`assets.rollout`
@@ -14,11 +17,12 @@ from dataclasses import dataclass
 import httpx
 from dagster import AssetExecutionContext, Failure, MetadataValue, Output, asset
 
+from assets.serving_specs import serving_specs
 from assets.rollout import Drain, Retire, RolloutResult, Route, Start, StillCurrent, WaitReady, rollout
 from assets.source_model import model_versions
 from cluster.protocol import Cluster, RevisionSpec
 from controlplane.revisions import RevisionStore
-from controlplane.specs import EndpointSpec, Runtime
+from controlplane.specs import Runtime
 from pipelines.registry import parse_partition_key
 from pipelines.resources import ClusterResource, ControlPlaneResource, RegistryResource
 from serving.runtime.registry import runtime_for
@@ -120,12 +124,6 @@ class RolloutDriver:
         self.log(f"{revision_id}: still busy after {self.drain_timeout_s:.0f} s of draining; retiring it anyway")
 
 
-def _serving_specs(specs: list[EndpointSpec], model: str, version: str, alias_version) -> tuple[list, list]:
-    mine = [s for s in specs if s.registered_model == model]
-    current = [s for s in mine if alias_version(model, s.alias) == version]
-    return current, [s for s in mine if s not in current]
-
-
 @asset(
     partitions_def=model_versions,
     group_name="deploy",
@@ -134,14 +132,14 @@ def _serving_specs(specs: list[EndpointSpec], model: str, version: str, alias_ve
 )
 def served_endpoint(
     context: AssetExecutionContext,
-    source_model: dict,
+    quantized_checkpoint: dict,
     control_plane: ControlPlaneResource,
     registry: RegistryResource,
     cluster: ClusterResource,
 ) -> Output[list]:
     model, version = parse_partition_key(context.partition_key)
     client = registry.client()
-    specs, superseded = _serving_specs(control_plane.endpoints().list(), model, version, client.alias_version)
+    specs, superseded = serving_specs(control_plane.endpoints().list(), model, version, client.alias_version)
     if not specs:
         names = ", ".join(s.name for s in superseded)
         raise Failure(description=f"no endpoint serves {model} v{version} now"
@@ -153,9 +151,9 @@ def served_endpoint(
                            still_current=lambda endpoint: client.alias_version(model, aliases[endpoint]) == version)
     served = []
     for spec in specs:
-        runtime = choose_runtime(spec.runtime, source_model["is_llm"])
+        runtime = choose_runtime(spec.runtime, quantized_checkpoint["is_llm"])
         replicas = max(1, spec.scaling.min_replicas)
-        revision = revisions.create(spec.name, context.partition_key, source_model["local_dir"], runtime,
+        revision = revisions.create(spec.name, context.partition_key, quantized_checkpoint["serve_dir"], runtime,
                                     spec.replica.model_dump(), replicas)
         started = time.monotonic()
         result = driver.run(rollout(spec.name, revision.id, replicas))
@@ -165,7 +163,7 @@ def served_endpoint(
         if not result.ok:
             raise Failure(description=f"{spec.name}: {result.reason}")
         served.append({"endpoint": spec.name, "revision": revision.id, "previous_revision": result.previous_revision_id,
-                       "runtime": runtime, "replicas": replicas, "time_to_ready_s": round(time.monotonic() - started, 1),
+                       "runtime": runtime, "replicas": replicas, "checkpoint": quantized_checkpoint["scheme"] or "as registered", "time_to_ready_s": round(time.monotonic() - started, 1),
                        "url": f"{control_plane.router_url}/serving-endpoints/{spec.name}/invocations"})
     if not served:
         raise Failure(description=f"every endpoint's alias moved past {model} v{version} during the rollout; "
@@ -176,6 +174,7 @@ def served_endpoint(
         "revision": first["revision"],
         "previous_revision": first["previous_revision"] or "",
         "runtime": first["runtime"],
+        "checkpoint": first["checkpoint"],
         "replicas": first["replicas"],
         "time_to_ready_s": first["time_to_ready_s"],
         "endpoints": MetadataValue.json(served),

@@ -8,7 +8,7 @@ One typed object, built once per process from the environment. Every path lives 
       mlflow/mlflow.db       MLflow backend store
       mlflow/artifacts/      MLflow artifact store
       dagster/               DAGSTER_HOME (dagster.yaml copied here, run and event storage)
-      models/                downloaded model versions (source_model)
+      models/                model versions: <model>/v<N>/source (source_model), quantized, eval/
       logs/                  one log file per service started by ``modelplane up``
       secrets.json           webhook secret and MLflow's webhook encryption key (mode 0600)
 """
@@ -44,6 +44,7 @@ class Settings(BaseModel):
     ports: Ports = Ports()
     host: str = "127.0.0.1"
     mlflow_tracking_uri_override: str | None = None
+    quantize_python: Path = REPO_ROOT / ".venv-quantize" / "bin" / "python"
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "Settings":
@@ -63,6 +64,7 @@ class Settings(BaseModel):
             database_url=database_url,
             ports=ports,
             mlflow_tracking_uri_override=env.get("MLFLOW_TRACKING_URI"),
+            quantize_python=Path(env.get("MODELPLANE_QUANTIZE_PYTHON", REPO_ROOT / ".venv-quantize" / "bin" / "python")),
         )
 
     # -- derived paths -------------------------------------------------------------------

@@ -54,11 +54,24 @@ class Quantization(_Strict):
     kv_cache: bool = Field(False, description="Quantize the KV cache as well; trades quality for memory.")
 
 
+class EvalMetric(str, Enum):
+    exact_match = "exact_match"  # share of outputs equal to the reference (whitespace-normalized)
+    similarity = "similarity"  # mean character-level similarity to the reference (0-1)
+
+
 class EvalGate(_Strict):
-    dataset: str | None = Field(None, description="Evaluation set name; none means the runtime's default for the model.")
-    metric: str = Field("exact_match", description="Task metric compared between candidate, baseline and serving revision.")
+    """The quality bar a quantized candidate must clear before it may serve (docs/quantization.md)."""
+
+    dataset: str | None = Field(None, description="Evaluation set name; none means gec-heldout, the demo set.")
+    metric: EvalMetric = Field(EvalMetric.exact_match, description="Task metric compared with baseline and serving revision.")
     max_regression: float = Field(
-        0.01, ge=0.0, le=1.0, description="Largest allowed drop of the metric (absolute, 0-1) against baseline and serving."
+        0.02, ge=0.0, le=1.0, description="Largest allowed drop of the task metric (absolute, 0-1) against baseline and serving."
+    )
+    max_nll_increase: float = Field(
+        0.02, ge=0.0, description="Largest allowed relative rise of mean per-token NLL on held-out text against baseline."
+    )
+    min_agreement: float = Field(
+        0.5, ge=0.0, le=1.0, description="Smallest share of greedy outputs identical to the baseline's."
     )
 
 

@@ -6,11 +6,14 @@ Resources are built from ``controlplane.settings.Settings`` (environment variabl
 
 from dagster import Definitions
 
+from assets.eval_gate import eval_gate
+from assets.quantized_checkpoint import quantized_checkpoint
 from assets.served_endpoint import served_endpoint
 from assets.source_model import source_model
 from controlplane.settings import Settings
 from pipelines.jobs import deploy_job
-from pipelines.resources import ClusterResource, ControlPlaneResource, ModelStoreResource, RegistryResource
+from pipelines.resources import (ClusterResource, ControlPlaneResource, ModelStoreResource, QuantizerResource,
+                                 RegistryResource)
 from pipelines.sensors import registry_sensor
 
 
@@ -20,11 +23,13 @@ def build_resources(settings: Settings) -> dict:
         "cluster": ClusterResource(backend="local", database_url=settings.database_url),
         "registry": RegistryResource(tracking_uri=settings.mlflow_tracking_uri),
         "model_store": ModelStoreResource(root_dir=str(settings.models_dir)),
+        "quantizer": QuantizerResource(python=str(settings.quantize_python)),
     }
 
 
 defs = Definitions(
-    assets=[source_model, served_endpoint],
+    assets=[source_model, quantized_checkpoint, served_endpoint],
+    asset_checks=[eval_gate],
     jobs=[deploy_job],
     sensors=[registry_sensor],
     resources=build_resources(Settings.from_env()),

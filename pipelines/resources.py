@@ -9,13 +9,15 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, PipesClientCompletedInvocation, PipesSubprocessClient
 from pydantic import Field
 from sqlalchemy import Engine
 
+from cluster.hardware import HardwareProfile, detect_local
 from cluster.local.backend import LocalCluster
 from cluster.protocol import Cluster
 from controlplane.db import make_engine
+from controlplane.settings import OFFLINE_ENV, REPO_ROOT
 from controlplane.store import EndpointStore, WebhookInbox
 from pipelines.registry import MlflowRegistry, ModelRegistry
 
@@ -52,6 +54,12 @@ class ClusterResource(ConfigurableResource):
             raise ValueError(f"unknown cluster backend {self.backend!r}; this build has: local")
         return LocalCluster(_engine(self.database_url))
 
+    def hardware_profile(self) -> HardwareProfile:
+        """What the backend's replicas run on (local: this machine)."""
+        if self.backend != "local":
+            raise ValueError(f"unknown cluster backend {self.backend!r}; this build has: local")
+        return detect_local()
+
 
 class RegistryResource(ConfigurableResource):
     """The MLflow model registry."""
@@ -60,6 +68,20 @@ class RegistryResource(ConfigurableResource):
 
     def client(self) -> ModelRegistry:
         return MlflowRegistry(self.tracking_uri)
+
+
+class QuantizerResource(ConfigurableResource):
+    """The quantization worker: ``quantization/worker.py`` in the quantization environment, via Pipes."""
+
+    python: str = Field(description="Interpreter of the quantization environment, e.g. .venv-quantize/bin/python.")
+    worker: str = Field(str(REPO_ROOT / "quantization" / "worker.py"), description="The worker script it runs.")
+
+    def run(self, context, extras: dict) -> PipesClientCompletedInvocation:
+        if not Path(self.python).is_file():
+            raise FileNotFoundError(f"the quantization environment's interpreter {self.python} does not exist; "
+                                    "run `make envs` (or set MODELPLANE_QUANTIZE_PYTHON)")
+        client = PipesSubprocessClient(cwd=str(REPO_ROOT), env={**OFFLINE_ENV, "PYTHONPATH": str(REPO_ROOT)})
+        return client.run(command=[self.python, self.worker], context=context, extras=extras)
 
 
 class ModelStoreResource(ConfigurableResource):

@@ -1,0 +1,108 @@
+"""``quantized_checkpoint``: the source LLM's weights on the 8-bit path the hardware runs fastest.
+
+For an LLM, the spec's ``quantization`` section and the hardware profile of the cluster
+give a plan (:mod:`quantization.plan`: FP8 W8A8 on GPUs, INT8 W8A8 on CPUs, per-channel
+weight scales, dynamic per-token activations, ``lm_head`` left alone). A plan the engine
+cannot run fails here, naming both (:mod:`quantization.engine_support`). The worker
+(:mod:`quantization.worker`) runs in the quantization environment through Dagster Pipes,
+saves a compressed-tensors checkpoint beside the tokenizer, and reports sizes, per-group
+weight error and time; the checkpoint is then logged to MLflow, linked to its source
+version by tags.
+
+Classic models, and ``scheme: none``, pass through: the value points at the source files
+and the metadata says the checkpoint is not quantized. The ``eval_gate`` check
+(:mod:`assets.eval_gate`) must pass before anything downstream runs.
+"""
+
+
+import json
+from pathlib import Path
+
+from dagster import AssetExecutionContext, Failure, MetadataValue, Output, asset
+
+from assets.serving_specs import agreed_quantization, serving_specs
+from assets.source_model import model_versions
+from evaluation.gec_data import calibration_texts
+from pipelines.registry import parse_partition_key
+from pipelines.resources import (ClusterResource, ControlPlaneResource, ModelStoreResource, QuantizerResource,
+                                 RegistryResource)
+from quantization.engine_support import check_supported
+from quantization.plan import plan_for
+from quantization.worker import REPORT_FILE
+from serving.runtime.model_layout import locate
+
+KIND = "quantized_checkpoint"
+
+
+def _passed_through(source_model: dict, profile_key: str, engine: str, why: str) -> Output[dict]:
+    value = {"model": source_model["model"], "version": source_model["version"], "quantized": False,
+             "is_llm": source_model["is_llm"], "serve_dir": source_model["local_dir"],
+             "source_dir": source_model["local_dir"], "scheme": None, "engine": engine,
+             "hardware_profile": profile_key, "reason": why}
+    return Output(value, metadata={"quantized": False, "reason": why, "hardware_profile": profile_key,
+                                   "serve_dir": MetadataValue.path(source_model["local_dir"])})
+
+
+@asset(
+    partitions_def=model_versions,
+    group_name="deploy",
+    kinds={"pytorch"},
+    description="The LLM quantized for the serving hardware (FP8 or INT8 W8A8, compressed-tensors); "
+                "classic models pass through.",
+)
+def quantized_checkpoint(
+    context: AssetExecutionContext,
+    source_model: dict,
+    control_plane: ControlPlaneResource,
+    registry: RegistryResource,
+    cluster: ClusterResource,
+    model_store: ModelStoreResource,
+    quantizer: QuantizerResource,
+) -> Output[dict]:
+    model, version = parse_partition_key(context.partition_key)
+    client = registry.client()
+    profile = cluster.hardware_profile()
+    if not source_model["is_llm"]:
+        return _passed_through(source_model, profile.key, profile.engine,
+                               f"{source_model['flavor']} model: served as registered")
+    specs, _ = serving_specs(control_plane.endpoints().list(), model, version, client.alias_version)
+    settings = agreed_quantization(specs)
+    plan = plan_for(scheme=settings.scheme.value, quantize_attention=settings.quantize_attention,
+                    weight_granularity=settings.weight_granularity.value, kv_cache=settings.kv_cache,
+                    accelerator=profile.accelerator)
+    if plan is None:
+        return _passed_through(source_model, profile.key, profile.engine, "quantization.scheme is none")
+    try:
+        check_supported(plan, profile.engine)
+    except ValueError as exc:
+        raise Failure(description=str(exc)) from None
+
+    layout = locate(Path(source_model["local_dir"]))
+    output_dir = model_store.version_dir(model, version, f"quantized-{plan.label}")  # one per plan
+    extras = {"checkpoint_dir": str(layout.checkpoint_dir), "tokenizer_dir": str(layout.tokenizer_dir),
+              "output_dir": str(output_dir), "plan": plan.to_json()}
+    if plan.kv_cache:
+        extras["calibration_texts"] = calibration_texts()
+    context.log.info(f"{model} v{version}: {plan.label} for {profile.key} ({profile.engine})")
+    reported = quantizer.run(context, extras).get_materialize_result().metadata
+    report = json.loads((output_dir / REPORT_FILE).read_text())
+    groups = report["weight_error"]["groups"]
+    run_id = client.log_derived(
+        model, version, KIND, output_dir,
+        tags={"modelplane.scheme": plan.label, "modelplane.hardware_profile": profile.key},
+        metrics={"size_before_mb": report["size_before_bytes"] / 1e6, "size_after_mb": report["size_after_bytes"] / 1e6,
+                 **{f"weight_error_{group}": error for group, error in groups.items()}},
+    )
+    value = {"model": model, "version": version, "quantized": True, "is_llm": True, "serve_dir": str(output_dir),
+             "source_dir": source_model["local_dir"], "scheme": plan.label, "plan": plan.to_json(),
+             "engine": profile.engine, "hardware_profile": profile.key, "mlflow_run_id": run_id,
+             "weight_error": groups}
+    return Output(value, metadata={
+        **reported,
+        "quantized": True,
+        "engine": profile.engine,
+        "hardware_profile": profile.key,
+        "mlflow_run_id": run_id,
+        "quantization_config": MetadataValue.json(report["quantization_config"]),
+        "serve_dir": MetadataValue.path(str(output_dir)),
+    })

@@ -1,0 +1,189 @@
+"""Quantization and the eval gate in the deploy job, on real parts: MLflow (SQLite), Dagster Pipes
+into the quantization environment, the supervisor's vLLM replicas and vLLM for the gate.
+
+A tiny Llama version goes through source → INT8 W8A8 checkpoint → gate → served; a second
+version whose quantized scales were damaged fails the gate, nothing downstream runs and the
+endpoint keeps answering from the first; an FP8 checkpoint is produced, loads on the CPU
+engine and passes the gate; the spec's switches change the saved recipe.
+"""
+
+import json
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from dagster import DagsterInstance, materialize
+
+from assets.eval_gate import eval_gate
+from assets.quantized_checkpoint import quantized_checkpoint
+from assets.served_endpoint import served_endpoint
+from assets.source_model import source_model
+from controlplane import db
+from controlplane.revisions import RevisionStore
+from controlplane.specs import parse_spec
+from controlplane.store import EndpointStore
+from pipelines.resources import (ClusterResource, ControlPlaneResource, ModelStoreResource, QuantizerResource,
+                                 RegistryResource)
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parent.parent
+QUANTIZE_PYTHON = REPO / ".venv-quantize" / "bin" / "python"
+SPEC = "name: tiny\nmodel: models:/tiny-llm@champion\nscaling: {min_replicas: 1, max_replicas: 1}\n"
+
+
+class Deployment:
+    """One MLflow store, one control-plane database, a running supervisor; deploy runs on demand."""
+
+    def __init__(self, root: Path) -> None:
+        from mlflow import MlflowClient
+
+        from cluster.local.supervisor import Supervisor, SupervisorConfig
+
+        self.root = root
+        self.uri = f"sqlite:///{root / 'mlflow.db'}"
+        self.mlflow = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+        self.mlflow.create_experiment("modelplane-demo", artifact_location=(root / "artifacts").as_uri())
+        self.database_url = f"sqlite:///{root / 'controlplane.db'}"
+        db.upgrade(self.database_url)
+        self.engine = db.make_engine(self.database_url)
+        self.specs = EndpointStore(self.engine)
+        self.specs.put(parse_spec(SPEC))
+        self.instance = DagsterInstance.ephemeral()
+        self.supervisor = Supervisor(self.engine, root / "logs", SupervisorConfig(restart_backoff_initial_s=0.5))
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.supervisor.run, args=(self.stop,), daemon=True)
+        self.thread.start()
+
+    def register(self, checkpoint: Path) -> str:
+        from demo.tiny_llama import log_tiny_llama
+
+        version = str(log_tiny_llama(self.uri, checkpoint, registered_model_name="tiny-llm").version)
+        self.mlflow.set_registered_model_alias("tiny-llm", "champion", version)
+        return version
+
+    def deploy(self, version: str, *, worker: Path | None = None, assets=None):
+        key = f"tiny-llm.v{version}"
+        self.instance.add_dynamic_partitions("model_versions", [key])
+        quantizer = QuantizerResource(python=str(QUANTIZE_PYTHON), **({"worker": str(worker)} if worker else {}))
+        return materialize(
+            assets or [source_model, quantized_checkpoint, eval_gate, served_endpoint], partition_key=key,
+            instance=self.instance, raise_on_error=False,
+            resources={"control_plane": ControlPlaneResource(database_url=self.database_url),
+                       "cluster": ClusterResource(database_url=self.database_url),
+                       "registry": RegistryResource(tracking_uri=self.uri),
+                       "model_store": ModelStoreResource(root_dir=str(self.root / "models")),
+                       "quantizer": quantizer})
+
+    def champion(self) -> str:
+        """The version the spec's alias points at (deploys of other versions serve no endpoint)."""
+        return str(self.mlflow.get_model_version_by_alias("tiny-llm", "champion").version)
+
+    def cluster(self):
+        from cluster.local.backend import LocalCluster
+
+        return LocalCluster(self.engine)
+
+    def serving_revision(self):
+        revisions = RevisionStore(self.engine)
+        return revisions.get(revisions.traffic()["tiny"])
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(120)
+        self.engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    from demo.tiny_llama import build_tiny_llama
+
+    root = tmp_path_factory.mktemp("deploy-gate")
+    deployment = Deployment(root)
+    deployment.checkpoint = build_tiny_llama(root / "tiny")
+    try:
+        yield deployment
+    finally:
+        deployment.close()
+
+
+def check_of(result):
+    [evaluation] = result.get_asset_check_evaluations()
+    return evaluation
+
+
+def chat(url: str) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": [{"role": "user", "content": "she go to school."}], "max_tokens": 8,
+        "temperature": 0})
+
+
+def test_a_version_is_served_from_its_int8_checkpoint_only_after_the_gate_passed(deployment):
+    version = deployment.register(deployment.checkpoint)
+    result = deployment.deploy(version)
+
+    assert result.success, [e.message for e in result.all_events if e.is_failure]
+    assert check_of(result).passed
+    quantized = result.output_for_node("quantized_checkpoint")
+    assert quantized["scheme"] == "int8-w8a8-channel"
+    config = json.loads((Path(quantized["serve_dir"]) / "config.json").read_text())["quantization_config"]
+    assert config["format"] == "int-quantized" and config["ignore"] == ["lm_head"]
+    revision = deployment.serving_revision()
+    assert revision.model_dir == quantized["serve_dir"]
+    [replica] = [r for r in deployment.cluster().replicas(revision.id) if r.ready]
+    assert chat(replica.url).status_code == 200
+    run = deployment.mlflow.get_run(quantized["mlflow_run_id"])
+    assert run.data.tags["modelplane.source_version"] == version
+    assert run.data.tags["modelplane.scheme"] == "int8-w8a8-channel"
+
+
+def test_a_damaged_checkpoint_fails_the_gate_and_never_takes_traffic(deployment):
+    before = deployment.serving_revision()
+    version = deployment.register(deployment.checkpoint)
+    result = deployment.deploy(version, worker=REPO / "tests" / "damaging_quantizer.py")
+
+    evaluation = check_of(result)
+    assert not evaluation.passed
+    reasons = str(evaluation.metadata["reasons"].value)
+    assert "eval_gate.max_nll_increase" in reasons or "eval_gate.min_agreement" in reasons
+    assert "served_endpoint" not in {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()
+                                     if e.asset_key}
+    assert deployment.serving_revision().id == before.id
+    [replica] = [r for r in deployment.cluster().replicas(before.id) if r.ready]
+    assert chat(replica.url).status_code == 200
+
+
+def test_an_fp8_checkpoint_is_produced_loads_on_the_cpu_engine_and_passes(deployment):
+    deployment.specs.put(parse_spec(SPEC + "quantization: {scheme: fp8}\n"))
+    try:
+        result = deployment.deploy(deployment.champion(),
+                                   assets=[source_model, quantized_checkpoint, eval_gate])
+    finally:
+        deployment.specs.put(parse_spec(SPEC))
+    assert result.success
+    assert check_of(result).passed
+    quantized = result.output_for_node("quantized_checkpoint")
+    config = json.loads((Path(quantized["serve_dir"]) / "config.json").read_text())["quantization_config"]
+    assert config["format"] == "float-quantized"
+    assert config["config_groups"]["group_0"]["weights"]["strategy"] == "channel"
+
+
+@pytest.mark.parametrize("switches, targets, strategy", [
+    ("{quantize_attention: false}", ["re:.*\\.mlp\\..*"], "channel"),
+    ("{weight_granularity: tensor}", ["Linear"], "tensor"),
+])
+def test_spec_switches_change_the_saved_recipe(deployment, switches, targets, strategy):
+    deployment.specs.put(parse_spec(SPEC + f"quantization: {switches}\n"))
+    try:
+        version = deployment.champion()
+        result = deployment.deploy(version, assets=[source_model, quantized_checkpoint])
+    finally:
+        deployment.specs.put(parse_spec(SPEC))
+    assert result.success
+    quantized = result.output_for_node("quantized_checkpoint")
+    group = json.loads((Path(quantized["serve_dir"]) / "config.json").read_text())["quantization_config"][
+        "config_groups"]["group_0"]
+    assert (group["targets"], group["weights"]["strategy"]) == (targets, strategy)
+    errors = {k: v for k, v in result.get_asset_materialization_events()[-1].materialization.metadata.items()
+              if k.startswith("weight_error_")}
+    assert ("weight_error_attention_pct" in errors) == (targets == ["Linear"])
