@@ -8,13 +8,16 @@ started as a replica would be:
 1. weight reconstruction error per layer group (attention, MLP), per-channel vs per-tensor,
    for INT8 and FP8 (goal: per-channel lower for every group and scheme);
 2. the gate's metrics (exact match, similarity, NLL, agreement with bf16) on ``gec-heldout``
-   for bf16, INT8 per-channel (what ``scheme: auto`` serves on CPU), INT8 with attention
-   left unquantized (MLP only), and FP8 per-channel (full mode only: 2–6× slower on CPU);
-3. engine throughput of bf16 vs INT8 W8A8 per-channel at the GEC shape (≈ 50 prompt tokens,
-   50 output tokens with ``ignore_eos``) at concurrency 16.
+   for bf16, INT8 per-channel, INT8 with attention left unquantized (MLP only), and FP8
+   per-channel (on CPU in full mode only: it is 2–6× slower there);
+3. engine throughput of bf16 vs what ``scheme: auto`` serves on this machine (INT8 W8A8
+   per-channel on CPU, FP8 W8A8 per-channel on a GPU) at the GEC shape (≈ 50 prompt tokens,
+   50 output tokens with ``ignore_eos``) at concurrency 16 and 64 (``--quick``: 16).
 
-Headline: INT8 W8A8 throughput / bf16 throughput; goal ≥ 1.3 with the gate passing at its
-default thresholds.
+Headline: served-scheme throughput / bf16 throughput at the highest concurrency measured
+(the engine's capacity; the ratio at every level is under
+``ours.throughput_ratio_by_concurrency``); goal ≥ 1.3 with the gate passing at its default
+thresholds.
 
     .venv/bin/python -m benchmarks.quantization [--quick] --json OUT.json
 """
@@ -29,22 +32,26 @@ import time
 from pathlib import Path
 
 from benchmarks.runtime_vs_vllm import CACHE_DIR, REPO_ROOT, gec_prompts, measure, smollm2_model_dir
+from cluster.hardware import detect_local
 from controlplane.specs import EvalGate
 from evaluation.datasets import eval_set
 from evaluation.engine_eval import evaluate
 from evaluation.engine_run import EVAL_MODEL_NAME, engine_for
 from evaluation.gate import GateThresholds, decide
-from quantization.plan import plan_for
+from quantization.plan import plan_for, resolve_scheme
 from quantization.worker import REPORT_FILE
 from serving.runtime.model_layout import locate
 
-GOAL = "INT8 W8A8 engine throughput >= 1.3x bf16 at the GEC shape, with the eval gate passing"
+GOAL = "W8A8 (the scheme auto serves here) engine throughput >= 1.3x bf16 at the GEC shape, with the eval gate passing"
 QUANTIZE_PYTHON = REPO_ROOT / ".venv-quantize" / "bin" / "python"
 WORK_DIR = CACHE_DIR / "quantization"
 
 
 def quantize(checkpoint: Path, name: str, **switches) -> tuple[Path, dict]:
-    """Run the worker on ``checkpoint`` with a plan built from ``switches``; (output dir, report)."""
+    """Run the worker on ``checkpoint`` with a plan built from ``switches``; (output dir, report).
+
+    Every variant names its scheme, so the accelerator given to ``plan_for`` plays no part.
+    """
     plan = plan_for(accelerator="cpu", **({"scheme": "int8", "quantize_attention": True, "weight_granularity": "channel",
                                            "kv_cache": False} | switches))
     out = WORK_DIR / name
@@ -78,7 +85,7 @@ def main() -> None:
     source = locate(model_dir).checkpoint_dir
     data = eval_set("gec-heldout")
     thresholds = GateThresholds.from_spec(EvalGate())
-    load = {"prompts": gec_prompts(), "levels": [16], "duration_s": 10.0 if args.quick else 30.0,
+    load = {"prompts": gec_prompts(), "levels": [16] if args.quick else [16, 64], "duration_s": 10.0 if args.quick else 30.0,
             "warmup_s": 3.0 if args.quick else 5.0}
 
     # 1. weight error by granularity
@@ -95,11 +102,14 @@ def main() -> None:
                             for group in ("attention", "mlp")} for scheme in ("int8", "fp8")}
     channel_always_lower = all(g["channel"] < g["tensor"] for scheme in granularity.values() for g in scheme.values())
 
-    # 2 and 3. quality on the gate's metrics, throughput for bf16 and INT8
+    # 2 and 3. quality on the gate's metrics, throughput for bf16 and the scheme served here
+    profile = detect_local()
+    served = f"{resolve_scheme('auto', profile.accelerator)}-channel"
     runs = {"bf16": engine_run(model_dir, "bf16", data, throughput=load),
-            "int8-channel": engine_run(dirs["int8-channel"], "int8-channel", data, throughput=load)}
-    quality_variants = ["int8-channel-mlp-only"] + ([] if args.quick else ["fp8-channel"])
-    for name in quality_variants:
+            served: engine_run(dirs[served], served, data, throughput=load)}
+    others = ["int8-channel", "int8-channel-mlp-only"] + ([] if args.quick and profile.accelerator == "cpu"
+                                                          else ["fp8-channel"])
+    for name in [n for n in others if n not in runs]:
         runs[name] = engine_run(dirs[name], name, data, throughput=None)
     baseline = runs["bf16"]["result"]
     quality = {}
@@ -110,14 +120,17 @@ def main() -> None:
         print(f"{name}: {decision.summary()}", flush=True)
 
     key = "server_output_tokens_per_s"
-    bf16_tps, int8_tps = runs["bf16"]["levels"][-1][key], runs["int8-channel"]["levels"][-1][key]
-    ratio = int8_tps / bf16_tps if bf16_tps else 0.0
-    ours = {"served": "int8-w8a8-channel", "throughput_at_16": runs["int8-channel"]["levels"][-1],
+    bf16_tps, served_tps = runs["bf16"]["levels"][-1][key], runs[served]["levels"][-1][key]
+    ratio = served_tps / bf16_tps if bf16_tps else 0.0
+    by_level = {str(o["concurrency"]): round(o[key] / a[key], 3) if a[key] else None
+                for o, a in zip(runs[served]["levels"], runs["bf16"]["levels"])}
+    ours = {"served": served, "hardware_profile": profile.key, "throughput": runs[served]["levels"],
+            "throughput_ratio_by_concurrency": by_level,
             "quality": quality, "weight_error": errors, "granularity": granularity,
             "per_channel_lower_everywhere": channel_always_lower,
             "attention_on_vs_off": {"on": quality["int8-channel"], "off": quality["int8-channel-mlp-only"]}}
-    anchor = {"served": "bf16 (the registered checkpoint)", "throughput_at_16": runs["bf16"]["levels"][-1]}
-    meets = ratio >= 1.3 and quality["int8-channel"]["gate_passed"] and channel_always_lower
+    anchor = {"served": "bf16 (the registered checkpoint)", "throughput": runs["bf16"]["levels"]}
+    meets = ratio >= 1.3 and quality[served]["gate_passed"] and channel_always_lower
     write_result(args.json, benchmark="quantization", ours=ours, anchor=anchor, ratio=ratio, goal=GOAL,
                  meets_goal=meets)
     shutil.rmtree(WORK_DIR / "logs", ignore_errors=True)

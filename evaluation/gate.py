@@ -10,8 +10,9 @@ candidate passes when every check holds:
 3. agreement with baseline: the share of identical greedy answers ``≥ min_agreement``;
 4. task metric vs serving (if any): ``serving − candidate ≤ max_regression``.
 
-Worked example with the defaults (exact_match, 0.02, 0.02, 0.5): baseline exact_match 0.41
-and NLL 2.00, candidate 0.40 and 2.03, 0.81 of the answers identical: drop 0.01 ≤ 0.02,
+Worked example with the defaults (exact_match, 0.05, 0.02, 0.5; docs/quantization.md says
+why): baseline exact_match 0.41 and NLL 2.00, candidate 0.40 and 2.03, 0.81 of the answers
+identical: drop 0.01 ≤ 0.05,
 rise 1.5 % ≤ 2 %, agreement 0.81 ≥ 0.5, so it passes. A candidate at NLL 2.10 (a 5 % rise)
 fails with a reason that names ``eval_gate.max_nll_increase``.
 
@@ -41,7 +42,7 @@ class GateThresholds:
     """The gate's bounds, as in the endpoint spec's ``eval_gate`` section."""
 
     metric: str = "exact_match"  # the task metric: "exact_match" or "similarity"
-    max_regression: float = 0.02  # largest absolute drop of the task metric (0-1)
+    max_regression: float = 0.05  # largest absolute drop of the task metric (0-1)
     max_nll_increase: float = 0.02  # largest relative rise of mean per-token NLL (0.02 = 2 %)
     min_agreement: float = 0.5  # smallest share of answers identical to the baseline's (0-1)
 

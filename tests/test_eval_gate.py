@@ -30,7 +30,7 @@ DEFAULTS = GateThresholds()
 
 
 def test_thresholds_come_from_the_spec_and_default_to_its_defaults():
-    assert GateThresholds.from_spec(EvalGate()) == DEFAULTS == GateThresholds("exact_match", 0.02, 0.02, 0.5)
+    assert GateThresholds.from_spec(EvalGate()) == DEFAULTS == GateThresholds("exact_match", 0.05, 0.02, 0.5)
     spec = EvalGate(metric=EvalMetric.similarity, max_regression=0.05, max_nll_increase=0.1, min_agreement=0.8)
     assert GateThresholds.from_spec(spec) == GateThresholds("similarity", 0.05, 0.1, 0.8)
 
@@ -52,8 +52,8 @@ def test_each_check_reports_the_values_and_the_bound():
     decision = decide(result(40, nll=2.03), result(41, nll=2.0), None, DEFAULTS, EVAL_SET)
     assert decision.passed
     task, nll, agree = decision.checks
-    assert task.summary == "exact_match vs baseline: 0.410 → 0.400 (drop 0.010 ≤ 0.020)"
-    assert (task.reference, task.candidate, task.bound) == (0.41, 0.40, 0.02)
+    assert task.summary == "exact_match vs baseline: 0.410 → 0.400 (drop 0.010 ≤ 0.050)"
+    assert (task.reference, task.candidate, task.bound) == (0.41, 0.40, 0.05)
     assert task.measured == pytest.approx(0.01)
     assert nll.measured == pytest.approx(0.015) and "rise 1.50% ≤ 2.00%" in nll.summary
     assert agree.measured == 0.99 and agree.summary == "agreement with baseline: 0.990 (≥ 0.500)"
@@ -65,7 +65,7 @@ def test_each_check_reports_the_values_and_the_bound():
 ])
 def test_the_task_metric_may_drop_by_at_most_max_regression(baseline_correct, candidate_correct, passed):
     decision = decide(result(candidate_correct), result(baseline_correct), None,
-                      GateThresholds(min_agreement=0.0), EVAL_SET)
+                      GateThresholds(max_regression=0.02, min_agreement=0.0), EVAL_SET)
     assert decision.passed is passed
     assert decision.checks[0].passed is passed
 
