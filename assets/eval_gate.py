@@ -25,6 +25,7 @@ from assets.serving_specs import agreed_eval_gate, serving_specs
 from assets.source_model import model_versions
 from controlplane.revisions import RevisionStore
 from evaluation.datasets import eval_set as load_eval_set
+from evaluation.engine_eval import EngineEvalError
 from evaluation.engine_run import EngineStartError, evaluate_checkpoint
 from evaluation.gate import GateThresholds, decide
 from pipelines.registry import parse_partition_key
@@ -80,19 +81,24 @@ def eval_gate(
     logs = Path(model_store.version_dir(model, version, "eval"))
     log = context.log.info
 
-    try:
-        candidate_result = evaluate_checkpoint(Path(candidate["serve_dir"]), data, logs / "candidate-engine.log",
-                                               log=log)
-    except EngineStartError as exc:
-        return AssetCheckResult(passed=False, severity=AssetCheckSeverity.ERROR, metadata={
-            "reason": f"{candidate['engine']} could not load the {candidate['scheme']} checkpoint",
-            "engine_log_tail": MetadataValue.md(f"```\n{str(exc)[-3000:]}\n```")})
-    baseline_result = evaluate_checkpoint(Path(candidate["source_dir"]), data, logs / "baseline-engine.log", log=log)
     revisions = RevisionStore(control_plane.engine())
-    serving_result = None
-    for serving_dir in _serving_dirs(revisions, [s.name for s in specs], candidate["serve_dir"], candidate["source_dir"]):
-        serving_result = evaluate_checkpoint(Path(serving_dir), data, logs / "serving-engine.log", log=log)
-        break  # the specs agree on one section, and a model's endpoints normally serve one revision
+    serving_dirs = _serving_dirs(revisions, [s.name for s in specs], candidate["serve_dir"], candidate["source_dir"])
+    # The specs agree on one section, and a model's endpoints normally serve one revision.
+    roles = [("candidate", candidate["serve_dir"]), ("baseline", candidate["source_dir"])]
+    roles += [("serving", serving_dirs[0])] if serving_dirs else []
+    results = {}
+    for role, model_dir in roles:
+        try:
+            results[role] = evaluate_checkpoint(Path(model_dir), data, logs / f"{role}-engine.log", log=log)
+        except (EngineStartError, EngineEvalError) as exc:
+            what = (f"{candidate['engine']} could not load the {candidate['scheme']} checkpoint"
+                    if role == "candidate" and isinstance(exc, EngineStartError)
+                    else f"the {role} checkpoint ({model_dir}) could not be evaluated on {candidate['engine']}")
+            context.log.error(f"{what}: {str(exc)[-500:]}")
+            return AssetCheckResult(passed=False, severity=AssetCheckSeverity.ERROR, metadata={
+                "reason": what, "engine_log_tail": MetadataValue.md(f"```\n{str(exc)[-3000:]}\n```")})
+    candidate_result, baseline_result = results["candidate"], results["baseline"]
+    serving_result = results.get("serving")
 
     decision = decide(candidate_result, baseline_result, serving_result, thresholds, data)
     for line in decision.reasons:

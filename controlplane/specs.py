@@ -75,6 +75,16 @@ class EvalGate(_Strict):
     )
 
 
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, value: str | None) -> str | None:
+        from evaluation.datasets import known_eval_sets
+
+        if value is not None and value not in known_eval_sets():
+            raise ValueError(f"unknown evaluation set {value!r}; known: {', '.join(known_eval_sets())}")
+        return value
+
+
 class Slo(_Strict):
     p99_latency_ms: float = Field(1000.0, gt=0, description="99th percentile request latency target, milliseconds.")
     time_to_first_token_ms: float | None = Field(None, gt=0, description="LLMs: p99 time to first token, milliseconds.")

@@ -162,3 +162,25 @@ def test_p2c_sends_to_the_less_loaded_of_two_draws():
     # b is picked whenever it is drawn (2 of 3 pairs contain it); a and c only against each other.
     assert 0.55 < picks.count("b") / 300 < 0.8
     assert p2c.pick(["only"], {}, rng) == "only"
+
+
+def test_a_token_created_just_after_a_refresh_is_accepted_at_once(replicas):
+    """The table was read a moment before the token was committed: the miss must re-read it."""
+    new_token = "mp_d_new"
+    base = table_for([replicas["gec-0"].url], [replicas["iris-0"].url])
+    with_token = build_table(["gec", "iris"], {"gec": "gec-r1", "iris": "iris-r1"},
+                             {"gec-r1": "vllm", "iris-r1": "pyfunc"},
+                             {"gec-r1": [replicas["gec-0"].url], "iris-r1": [replicas["iris-0"].url]}, set(),
+                             GRANTS | {token_sha256(new_token): Grant("d", frozenset({"iris"}), False)})
+    reads = []
+
+    def load_table():
+        reads.append(1)
+        return base if len(reads) == 1 else with_token  # the token exists from the second read on
+
+    with TestClient(create_app(RouterConfig(refresh_interval_s=3600), load_table)) as client:
+        response = client.post("/serving-endpoints/iris/invocations", json=IRIS_BODY, headers=auth(new_token))
+        assert response.status_code == 200
+        reads_before = len(reads)
+        assert client.get("/v1/models", headers=auth("mp_e_never")).status_code == 401
+        assert len(reads) == reads_before + 1  # an unknown token costs one read, then a 401

@@ -38,6 +38,8 @@ def test_minimal_spec_takes_the_documented_defaults():
         ("scaling: {min_replicas: 5, max_replicas: 2}\n", "scaling", "min_replicas (5) must not exceed max_replicas (2)"),
         ("quantization: {scheme: fp4}\n", "quantization.scheme", "'auto', 'fp8', 'int8' or 'none'"),
         ("eval_gate: {max_regression: 2}\n", "eval_gate.max_regression", "less than or equal to 1"),
+        ("eval_gate: {dataset: squad}\n", "eval_gate.dataset", "unknown evaluation set 'squad'; known: gec-dev"),
+        ("eval_gate: {metric: bleu}\n", "eval_gate.metric", "'exact_match' or 'similarity'"),
     ],
 )
 def test_bad_specs_are_refused_naming_the_field(extra_yaml: str, field: str, words: str):

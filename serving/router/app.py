@@ -136,12 +136,16 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable]) -> 
     """The router app; ``load_table`` is called off the event loop every refresh interval."""
     metrics = Metrics()
     proxy = Proxy(config, metrics)
-    state = {"table": RoutingTable(), "loaded_at": 0.0}
+    # "read_at": when the read that produced the current table began; the table shows the
+    # database as it was at that moment or later.
+    state = {"table": RoutingTable(), "read_at": -1.0}
     reload_lock = asyncio.Lock()
 
     async def refresh() -> None:
-        state["loaded_at"] = time.monotonic()  # an attempt counts, so failures do not stampede
-        state["table"] = await asyncio.to_thread(load_table)
+        started = time.monotonic()
+        table = await asyncio.to_thread(load_table)
+        if started > state["read_at"]:  # a slow read never replaces a newer one
+            state["table"], state["read_at"] = table, started
 
     async def refresh_forever() -> None:
         while True:
@@ -152,15 +156,20 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable]) -> 
             await asyncio.sleep(config.refresh_interval_s)
 
     async def authenticate(request: Request):
-        """A token created a moment ago may be newer than the table: on a miss, reload once
-        (at most every 100 ms) before answering 401."""
+        """A token created a moment ago may be newer than the table: on a miss, make sure the
+        table was read after this request arrived (reading it again if not) before answering 401.
+
+        Reloads are serialized, and one read serves every miss that arrived before it began,
+        so a burst of unknown tokens costs one read per burst, not one per request.
+        """
+        arrived = time.monotonic()
         try:
             return admission.authenticate(request.headers.get("authorization"), state["table"])
         except RouterError as exc:
             if exc.status != 401:
                 raise
-            async with reload_lock:  # one reload at a time, however many unknown tokens arrive
-                if time.monotonic() - state["loaded_at"] >= 0.1:
+            async with reload_lock:
+                if state["read_at"] < arrived:
                     try:
                         await refresh()
                     except Exception:  # noqa: BLE001 - the database being down is no reason to 500
