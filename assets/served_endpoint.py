@@ -1,7 +1,9 @@
 """``served_endpoint``: the version live behind the router, for every endpoint that serves it.
 
 It serves the checkpoint ``quantized_checkpoint`` produced (the source files for classic
-models and ``scheme: none``), and runs only once the blocking ``eval_gate`` passed.
+models and ``scheme: none``), and runs only once the blocking ``eval_gate`` passed and
+``cost_model`` measured the checkpoint on this hardware (the router prices its requests
+with that profile; the starting target concurrency is recorded with the revision).
 
 For each endpoint spec whose alias still points at this version: create a revision, start
 its replicas on the cluster backend, wait until every replica is ready, move the
@@ -68,7 +70,7 @@ class RolloutDriver:
             self.log(f"{revision.id}: starting {action.replicas} {revision.runtime} replica(s)")
             return None
         if isinstance(action, WaitReady):
-            return self._wait_ready(action)
+            return self.wait_ready(action)
         if isinstance(action, StillCurrent):
             return self.still_current(action.endpoint)
         if isinstance(action, Route):
@@ -87,7 +89,7 @@ class RolloutDriver:
             return None
         raise TypeError(f"unknown rollout action {action!r}")
 
-    def _wait_ready(self, action: WaitReady) -> bool:
+    def wait_ready(self, action: WaitReady) -> bool:
         deadline = time.monotonic() + self.wait_ready_timeout_s
         while time.monotonic() < deadline:
             replicas = self.cluster.replicas(action.revision_id)
@@ -133,6 +135,7 @@ class RolloutDriver:
 def served_endpoint(
     context: AssetExecutionContext,
     quantized_checkpoint: dict,
+    cost_model: dict,
     control_plane: ControlPlaneResource,
     registry: RegistryResource,
     cluster: ClusterResource,
@@ -163,7 +166,8 @@ def served_endpoint(
         if not result.ok:
             raise Failure(description=f"{spec.name}: {result.reason}")
         served.append({"endpoint": spec.name, "revision": revision.id, "previous_revision": result.previous_revision_id,
-                       "runtime": runtime, "replicas": replicas, "checkpoint": quantized_checkpoint["scheme"] or "as registered", "time_to_ready_s": round(time.monotonic() - started, 1),
+                       "runtime": runtime, "replicas": replicas, "checkpoint": quantized_checkpoint["scheme"] or "as registered",
+                       "target_concurrency": cost_model["target_concurrency"], "time_to_ready_s": round(time.monotonic() - started, 1),
                        "url": f"{control_plane.router_url}/serving-endpoints/{spec.name}/invocations"})
     if not served:
         raise Failure(description=f"every endpoint's alias moved past {model} v{version} during the rollout; "
@@ -175,6 +179,7 @@ def served_endpoint(
         "previous_revision": first["previous_revision"] or "",
         "runtime": first["runtime"],
         "checkpoint": first["checkpoint"],
+        "target_concurrency": first["target_concurrency"],
         "replicas": first["replicas"],
         "time_to_ready_s": first["time_to_ready_s"],
         "endpoints": MetadataValue.json(served),

@@ -47,11 +47,24 @@ def cpu_model_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return platform.processor() or platform.machine()
 
 
-def detect_local() -> HardwareProfile:
-    """This machine, as a local-backend replica sees it."""
-    import torch
+def nvidia_gpus(root: Path = Path("/proc/driver/nvidia/gpus")) -> list[str]:
+    """Model names of the NVIDIA GPUs the driver reports (``<root>/<bus id>/information``).
 
+    Read from the driver's files rather than through torch, so that light processes (the
+    router, sensors) can tell the profile without importing a CUDA runtime.
+    """
+    names = []
+    for info in sorted(root.glob("*/information")) if root.is_dir() else []:
+        for line in info.read_text().splitlines():
+            if line.startswith("Model:"):
+                names.append(line.split(":", 1)[1].strip())
+    return names
+
+
+def detect_local(gpu_root: Path = Path("/proc/driver/nvidia/gpus")) -> HardwareProfile:
+    """This machine, as a local-backend replica sees it."""
     cores = cpu.available_cpus()
-    if torch.cuda.is_available():
-        return HardwareProfile("cuda", cpu_model_name(), cores, torch.cuda.get_device_name(0), torch.cuda.device_count())
+    gpus = nvidia_gpus(gpu_root)
+    if gpus:
+        return HardwareProfile("cuda", cpu_model_name(), cores, gpus[0], len(gpus))
     return HardwareProfile("cpu", cpu_model_name(), cores)

@@ -100,3 +100,20 @@ class TokenRow(Base):
     description: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class CostProfileRow(Base):
+    """The fitted cost model of a model version (partition key) on one hardware profile.
+
+    Written by the ``cost_model`` asset; read by the router (model units per request) and
+    the autoscaler (starting target concurrency). A profile is never used on other hardware.
+    """
+
+    __tablename__ = "cost_profiles"
+
+    partition_key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    hardware_profile: Mapped[str] = mapped_column(String(255), primary_key=True)
+    model: Mapped[dict] = mapped_column(JSON)  # costmodel.fit.CostModel.to_json()
+    target_concurrency: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(Text)  # why it was measured: "new version", "drift: …"
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

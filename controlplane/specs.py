@@ -85,6 +85,26 @@ class EvalGate(_Strict):
         return value
 
 
+class CostModelSweep(_Strict):
+    """The benchmark sweep that fits the cost model (docs/cost-model.md): input × output × concurrency."""
+
+    input_tokens: list[Annotated[int, Field(ge=1, le=131072)]] = Field(
+        [32, 128, 384], min_length=1, max_length=8, description="LLMs: prompt lengths to sweep, tokens.")
+    output_tokens: list[Annotated[int, Field(ge=1, le=16384)]] = Field(
+        [16, 48], min_length=1, max_length=8, description="LLMs: output lengths to sweep, tokens.")
+    concurrency: list[Annotated[int, Field(ge=1, le=1024)]] = Field(
+        [1, 4, 8, 16], min_length=1, max_length=12, description="Requests in flight per replica to sweep.")
+    requests_per_point: int = Field(8, ge=1, le=10000, description="Least requests sent at each point.")
+    max_point_s: float = Field(9.0, gt=0, le=600, description="Time budget of one point, seconds.")
+
+    @field_validator("input_tokens", "output_tokens", "concurrency")
+    @classmethod
+    def _distinct(cls, values: list[int]) -> list[int]:
+        if len(set(values)) != len(values):
+            raise ValueError(f"values must be distinct, got {values}")
+        return values
+
+
 class Slo(_Strict):
     p99_latency_ms: float = Field(1000.0, gt=0, description="99th percentile request latency target, milliseconds.")
     time_to_first_token_ms: float | None = Field(None, gt=0, description="LLMs: p99 time to first token, milliseconds.")
@@ -131,6 +151,7 @@ class EndpointSpec(_Strict):
     quantization: Quantization = Quantization()
     eval_gate: EvalGate = EvalGate()
     slo: Slo = Slo()
+    cost_model: CostModelSweep = CostModelSweep()
     scaling: Scaling = Scaling()
     rate_limits: RateLimits = RateLimits()
     replica: ReplicaOptions = ReplicaOptions()

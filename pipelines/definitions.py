@@ -6,12 +6,14 @@ Resources are built from ``controlplane.settings.Settings`` (environment variabl
 
 from dagster import Definitions
 
+from assets.cost_model import cost_model
 from assets.eval_gate import eval_gate
 from assets.quantized_checkpoint import quantized_checkpoint
 from assets.served_endpoint import served_endpoint
 from assets.source_model import source_model
 from controlplane.settings import Settings
-from pipelines.jobs import deploy_job
+from pipelines.cost_sensor import cost_model_sensor
+from pipelines.jobs import cost_model_job, deploy_job
 from pipelines.resources import (ClusterResource, ControlPlaneResource, ModelStoreResource, QuantizerResource,
                                  RegistryResource)
 from pipelines.sensors import registry_sensor
@@ -28,9 +30,9 @@ def build_resources(settings: Settings) -> dict:
 
 
 defs = Definitions(
-    assets=[source_model, quantized_checkpoint, served_endpoint],
+    assets=[source_model, quantized_checkpoint, cost_model, served_endpoint],
     asset_checks=[eval_gate],
-    jobs=[deploy_job],
-    sensors=[registry_sensor],
+    jobs=[deploy_job, cost_model_job],
+    sensors=[registry_sensor, cost_model_sensor],
     resources=build_resources(Settings.from_env()),
 )

@@ -10,3 +10,10 @@ deploy_job = define_asset_job(
     partitions_def=model_versions,
     description="Take one registered model version from the registry to a served endpoint.",
 )
+
+cost_model_job = define_asset_job(
+    name="remeasure_cost",
+    selection=AssetSelection.assets("cost_model"),
+    partitions_def=model_versions,
+    description="Measure a deployed version's cost model again (a missing hardware profile, or drift).",
+)

@@ -73,7 +73,8 @@ class FakeReplica:
         self.requests.append((request.path, payload))
         if not payload.get("stream"):
             return web.json_response({"object": "chat.completion", "model": payload["model"], "replica": self.name,
-                                      "choices": [{"message": {"role": "assistant", "content": "She goes."}}]})
+                                      "choices": [{"message": {"role": "assistant", "content": "She goes."}}],
+                                      "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         for word in ["She", " goes", "."]:

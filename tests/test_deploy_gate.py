@@ -15,6 +15,7 @@ import httpx
 import pytest
 from dagster import DagsterInstance, materialize
 
+from assets.cost_model import cost_model
 from assets.eval_gate import eval_gate
 from assets.quantized_checkpoint import quantized_checkpoint
 from assets.served_endpoint import served_endpoint
@@ -29,7 +30,9 @@ from pipelines.resources import (ClusterResource, ControlPlaneResource, ModelSto
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 QUANTIZE_PYTHON = REPO / ".venv-quantize" / "bin" / "python"
-SPEC = "name: tiny\nmodel: models:/tiny-llm@champion\nscaling: {min_replicas: 1, max_replicas: 1}\n"
+SPEC = ("name: tiny\nmodel: models:/tiny-llm@champion\nscaling: {min_replicas: 1, max_replicas: 1}\n"
+        "slo: {p99_latency_ms: 5000}\n"
+        "cost_model: {input_tokens: [16, 64], output_tokens: [4, 16], concurrency: [1, 4], max_point_s: 5}\n")
 
 
 class Deployment:
@@ -67,7 +70,7 @@ class Deployment:
         self.instance.add_dynamic_partitions("model_versions", [key])
         quantizer = QuantizerResource(python=str(QUANTIZE_PYTHON), **({"worker": str(worker)} if worker else {}))
         return materialize(
-            assets or [source_model, quantized_checkpoint, eval_gate, served_endpoint], partition_key=key,
+            assets or [source_model, quantized_checkpoint, eval_gate, cost_model, served_endpoint], partition_key=key,
             instance=self.instance, raise_on_error=False,
             resources={"control_plane": ControlPlaneResource(database_url=self.database_url),
                        "cluster": ClusterResource(database_url=self.database_url),
@@ -135,6 +138,27 @@ def test_a_version_is_served_from_its_int8_checkpoint_only_after_the_gate_passed
     run = deployment.mlflow.get_run(quantized["mlflow_run_id"])
     assert run.data.tags["modelplane.source_version"] == version
     assert run.data.tags["modelplane.scheme"] == "int8-w8a8-channel"
+
+
+def test_the_served_version_has_a_cost_model_for_this_hardware_that_the_router_reads(deployment):
+    from cluster.hardware import detect_local
+    from controlplane.cost_profiles import CostProfileStore
+    from serving.router.table import load_table
+
+    hardware = detect_local().key
+    revision = deployment.serving_revision()
+    profile = CostProfileStore(deployment.engine).get(revision.partition_key, hardware)
+    assert profile is not None and profile.reason == "new version"
+    assert profile.target_concurrency in (1, 4)
+    level = next(c for c in profile.model["levels"] if c["concurrency"] == profile.target_concurrency)
+    assert level["beta_ms_per_output_token"] > 0  # decoding a token takes time
+    route = load_table(deployment.engine, hardware).endpoints["tiny"]
+    assert route.cost is not None and route.cost.concurrency == profile.target_concurrency
+    assert load_table(deployment.engine, "cuda/Some GPUx1").endpoints["tiny"].cost is None  # never across hardware
+    run = deployment.mlflow.search_runs([deployment.mlflow.get_experiment_by_name("modelplane-demo").experiment_id],
+                                        "tags.`modelplane.kind` = 'cost_model'")
+    assert run and {a.path for a in deployment.mlflow.list_artifacts(run[0].info.run_id, "cost_model")} >= {
+        "cost_model/cost_model.json", "cost_model/cost_model.png", "cost_model/sweep.json"}
 
 
 def test_a_damaged_checkpoint_fails_the_gate_and_never_takes_traffic(deployment):

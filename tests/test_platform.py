@@ -153,7 +153,8 @@ def test_the_tiny_llm_answers_the_openai_client_through_the_router(platform, tmp
     from openai import OpenAI
 
     spec = tmp_path / "tiny.yaml"
-    spec.write_text("name: tiny-llm\nmodel: models:/tiny-llm@champion\nscaling: {min_replicas: 1, max_replicas: 1}\n")
+    spec.write_text("name: tiny-llm\nmodel: models:/tiny-llm@champion\nscaling: {min_replicas: 1, max_replicas: 1}\n"
+                    "cost_model: {input_tokens: [16, 64], output_tokens: [4, 16], concurrency: [1, 4], max_point_s: 5}\n")
     assert platform.cli("endpoints", "create", "-f", str(spec)).returncode == 0
     register(platform, "import sys, tempfile, pathlib; from demo.tiny_llama import build_tiny_llama, log_tiny_llama;"
                        "d = build_tiny_llama(pathlib.Path(tempfile.mkdtemp()) / 'tiny'); v = log_tiny_llama(sys.argv[1], d);"

@@ -81,3 +81,15 @@ def test_hardware_profiles_are_keyed_by_what_they_run_on():
     assert (cpu.key, cpu.engine) == ("cpu/AMD EPYC 7B13/2cpu", "vllm-cpu")
     assert (gpu.key, gpu.engine) == ("cuda/NVIDIA H200x1", "vllm-cuda")
     assert HardwareProfile("cpu", "AMD EPYC 7B13", 4.0).key != cpu.key
+
+
+def test_the_local_profile_reads_gpus_from_the_driver_files(tmp_path):
+    from cluster.hardware import detect_local
+
+    assert detect_local(tmp_path / "none").accelerator == "cpu"
+    for bus in ("0000:01:00.0", "0000:02:00.0"):
+        (tmp_path / "gpus" / bus).mkdir(parents=True)
+        (tmp_path / "gpus" / bus / "information").write_text("Model: \t\t NVIDIA H200\nIRQ: 42\n")
+    profile = detect_local(tmp_path / "gpus")
+    assert (profile.accelerator, profile.gpu_name, profile.gpu_count) == ("cuda", "NVIDIA H200", 2)
+    assert profile.key == "cuda/NVIDIA H200x2"

@@ -184,3 +184,21 @@ def test_a_token_created_just_after_a_refresh_is_accepted_at_once(replicas):
         reads_before = len(reads)
         assert client.get("/v1/models", headers=auth("mp_e_never")).status_code == 401
         assert len(reads) == reads_before + 1  # an unknown token costs one read, then a 401
+
+
+def test_with_a_cost_model_requests_are_priced_in_model_units_and_answers_checked_against_it(replicas):
+    from serving.router.cost import RouteCost
+
+    table = table_for([replicas["gec-0"].url], [replicas["iris-0"].url])
+    priced = RouteCost(alpha_ms_per_input_token=0.5, beta_ms_per_output_token=20.0, gamma_ms=30.0, concurrency=4)
+    table.endpoints["gec"] = table.endpoints["gec"].__class__(**{**table.endpoints["gec"].__dict__, "cost": priced})
+    with make_router(table) as client:
+        body = CHAT_BODY | {"messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 10}
+        assert client.post("/v1/chat/completions", json=body, headers=auth(GEC_TOKEN)).status_code == 200
+        proxy = client.app.state.proxy
+        assert proxy.in_flight == {}  # every unit taken was given back
+        assert proxy.mean_output["gec"] == 3  # from the answer's usage.completion_tokens
+        metrics = client.get("/metrics").text
+    assert 'modelplane_router_cost_checked_requests_total{endpoint="gec"} 1.0' in metrics
+    # predicted with the reported output: 0.5 × 100 + 20 × 3 + 30 = 140 ms
+    assert 'modelplane_router_cost_predicted_seconds_total{endpoint="gec"} 0.14' in metrics

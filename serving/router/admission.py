@@ -26,6 +26,7 @@ class Upstream:
     path: str  # path on the replica, e.g. /invocations or /v1/chat/completions
     body: bytes
     stream: bool
+    payload: dict | None = None  # the parsed body of an LLM request (for its cost)
 
 
 def authenticate(authorization: str | None, table: RoutingTable) -> Grant:
@@ -79,7 +80,7 @@ def for_invocations(route: EndpointRoute, body: bytes) -> Upstream:
         raise RouterError(400, f"endpoint {route.name!r} serves an LLM: send {{\"messages\": [...]}} (chat) "
                                "or {\"prompt\": \"...\"} (completion)")
     payload["model"] = route.name
-    return Upstream(route, path, json.dumps(payload).encode(), stream=bool(payload.get("stream")))
+    return Upstream(route, path, json.dumps(payload).encode(), stream=bool(payload.get("stream")), payload=payload)
 
 
 def openai_endpoint(body: bytes) -> tuple[str, dict]:
@@ -94,4 +95,4 @@ def openai_endpoint(body: bytes) -> tuple[str, dict]:
 def for_openai(route: EndpointRoute, path: str, payload: dict, body: bytes) -> Upstream:
     if route.runtime != "vllm":
         raise RouterError(400, f"endpoint {route.name!r} is not an LLM; call /serving-endpoints/{route.name}/invocations")
-    return Upstream(route, path, body, stream=bool(payload.get("stream")))
+    return Upstream(route, path, body, stream=bool(payload.get("stream")), payload=payload)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import time
@@ -24,6 +25,7 @@ from starlette.routing import Route
 
 from serving.router import admission
 from serving.router.admission import RouterError, Upstream
+from serving.router import cost
 from serving.router.balancing import p2c
 from serving.router.config import RouterConfig
 from serving.router.table import RoutingTable
@@ -44,6 +46,18 @@ class Metrics:
                                registry=self.registry)
         self.retries = Counter("modelplane_router_retries", "Requests retried on another replica.", ["endpoint"],
                                registry=self.registry)
+        self.in_flight_units = Gauge("modelplane_router_in_flight_model_units",
+                                     "Model units in flight per endpoint (1 per request without a cost model).",
+                                     ["endpoint"], registry=self.registry)
+        # Drift: whole answers (not streams) of endpoints with a cost model, observed against predicted.
+        self.cost_requests = Counter("modelplane_router_cost_checked_requests",
+                                     "Answers whose latency was compared with the cost model.", ["endpoint"],
+                                     registry=self.registry)
+        self.cost_observed = Counter("modelplane_router_cost_observed_seconds",
+                                     "Observed latency of those answers.", ["endpoint"], registry=self.registry)
+        self.cost_predicted = Counter("modelplane_router_cost_predicted_seconds",
+                                      "The cost model's latency for the same answers.", ["endpoint"],
+                                      registry=self.registry)
 
 
 class Proxy:
@@ -52,7 +66,8 @@ class Proxy:
     def __init__(self, config: RouterConfig, metrics: Metrics, rng: random.Random | None = None) -> None:
         self.config = config
         self.metrics = metrics
-        self.in_flight: dict[str, int] = defaultdict(int)  # per replica URL
+        self.in_flight: dict[str, float] = defaultdict(float)  # model units per replica URL
+        self.mean_output: dict[str, float] = {}  # per endpoint: reported completion tokens, EWMA
         self._rng = rng or random.Random()
         self.session: aiohttp.ClientSession | None = None
 
@@ -69,6 +84,14 @@ class Proxy:
             await self.session.close()
 
     async def send(self, upstream: Upstream) -> Response:
+        units = cost.request_units(upstream.payload, upstream.route.cost, self.mean_output.get(upstream.route.name))
+        self.metrics.in_flight_units.labels(upstream.route.name).inc(units)
+        try:
+            return await self._send(upstream, units)
+        finally:
+            self.metrics.in_flight_units.labels(upstream.route.name).dec(units)
+
+    async def _send(self, upstream: Upstream, units: float) -> Response:
         tried: list[str] = []
         last_error = ""
         for attempt in range(self.config.max_attempts):
@@ -79,7 +102,8 @@ class Proxy:
             tried.append(url)
             if attempt:
                 self.metrics.retries.labels(upstream.route.name).inc()
-            self.in_flight[url] += 1
+            self.in_flight[url] += units
+            sent = time.perf_counter()
             try:
                 # identity: bodies are relayed as they come, so they must not come compressed
                 response = await self.session.post(f"{url}{upstream.path}", data=upstream.body,
@@ -87,25 +111,44 @@ class Proxy:
                                                             "Accept-Encoding": "identity"})
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                 # Nothing came back (refused, reset, or closed before the status line): safe to retry.
-                self._release(url)
+                self._release(url, units)
                 last_error = f"{type(exc).__name__}: {exc}"
                 log.warning("replica %s failed before answering (%s); trying another", url, last_error)
                 continue
             except BaseException as exc:
-                self._release(url)
+                self._release(url, units)
                 if isinstance(exc, aiohttp.ClientError):
                     raise RouterError(502, f"replica of {upstream.route.name!r} answered badly: {exc}") from None
                 raise
-            return await self._relay(url, response, upstream)
+            return await self._relay(url, response, upstream, units, sent)
         raise RouterError(503, f"no replica of {upstream.route.name!r} could be reached ({last_error}); retry shortly",
                           {"Retry-After": str(self.config.retry_after_s)})
 
-    def _release(self, url: str) -> None:
-        self.in_flight[url] -= 1
-        if self.in_flight[url] <= 0:
+    def _release(self, url: str, units: float) -> None:
+        self.in_flight[url] -= units
+        if self.in_flight[url] <= 1e-9:
             del self.in_flight[url]
 
-    async def _relay(self, url: str, response: aiohttp.ClientResponse, upstream: Upstream) -> Response:
+    def _observe(self, upstream: Upstream, status: int, content: bytes, latency_s: float) -> None:
+        """Learn the endpoint's mean output length and compare latency with the cost model."""
+        if status != 200 or upstream.payload is None or len(content) > 1_000_000:
+            return
+        try:
+            completion_tokens = json.loads(content)["usage"]["completion_tokens"]
+        except (ValueError, KeyError, TypeError):
+            return
+        if not isinstance(completion_tokens, int):
+            return
+        name = upstream.route.name
+        self.mean_output[name] = cost.updated_mean(self.mean_output.get(name), completion_tokens)
+        if upstream.route.cost is not None:
+            predicted_ms = upstream.route.cost.latency_ms(cost.input_tokens(upstream.payload), completion_tokens)
+            self.metrics.cost_requests.labels(name).inc()
+            self.metrics.cost_observed.labels(name).inc(latency_s)
+            self.metrics.cost_predicted.labels(name).inc(predicted_ms / 1000)
+
+    async def _relay(self, url: str, response: aiohttp.ClientResponse, upstream: Upstream, units: float,
+                     sent: float) -> Response:
         headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
         if not response.content_type.startswith("text/event-stream"):
             try:
@@ -117,7 +160,8 @@ class Proxy:
                                        f"{self.config.request_timeout_s:.0f} s") from None
             finally:
                 response.release()
-                self._release(url)
+                self._release(url, units)
+            self._observe(upstream, response.status, content, time.perf_counter() - sent)
             return Response(content, status_code=response.status, headers=headers)
 
         async def chunks():
@@ -126,7 +170,7 @@ class Proxy:
                     yield chunk
             finally:
                 response.release()
-                self._release(url)
+                self._release(url, units)
 
         return StreamingResponse(chunks(), status_code=response.status, headers=headers,
                                  media_type=response.content_type)
@@ -268,12 +312,14 @@ def main() -> None:
 
     from controlplane.db import make_engine
     from controlplane.settings import Settings
+    from cluster.hardware import detect_local
     from serving.router.table import load_table
 
     settings = Settings.from_env()
     config = RouterConfig(host=settings.host, port=settings.ports.router_port)
     engine = make_engine(settings.database_url)
-    uvicorn.run(create_app(config, lambda: load_table(engine)), host=config.host, port=config.port,
+    hardware = detect_local().key  # the local backend's replicas run on this machine
+    uvicorn.run(create_app(config, lambda: load_table(engine, hardware)), host=config.host, port=config.port,
                 log_level="warning", loop="uvloop", http="httptools")
 
 

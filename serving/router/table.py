@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
+from controlplane.cost_profiles import CostProfileStore
 from controlplane.schema import EndpointRow, ReplicaRow, RevisionRow, TrafficRow
 from controlplane.tokens import Grant, TokenStore
+from serving.router.cost import RouteCost
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,7 @@ class EndpointRoute:
     revision_id: str | None
     replicas: tuple[str, ...]  # base URLs of ready replicas of the serving revision
     starting: bool = False  # a revision exists but no replica is ready yet
+    cost: RouteCost | None = None  # the serving revision's cost model on this hardware, if measured
 
 
 @dataclass(frozen=True)
@@ -31,30 +34,45 @@ class RoutingTable:
 
 
 def build_table(endpoint_names: list[str], traffic: dict[str, str], revisions: dict[str, str],
-                ready: dict[str, list[str]], any_replicas: set[str], grants: dict[str, Grant]) -> RoutingTable:
+                ready: dict[str, list[str]], any_replicas: set[str], grants: dict[str, Grant],
+                costs: dict[str, RouteCost] | None = None) -> RoutingTable:
     """Pure assembly of the snapshot from what the database holds.
 
     ``revisions`` maps revision id → runtime; ``ready`` revision id → ready replica URLs;
-    ``any_replicas`` the revisions with at least one replica in any state.
+    ``any_replicas`` the revisions with at least one replica in any state; ``costs``
+    revision id → its cost model on this router's hardware.
     """
+    costs = costs or {}
     routes = {}
     for name in endpoint_names:
         revision_id = traffic.get(name)
         urls = tuple(sorted(ready.get(revision_id, []))) if revision_id else ()
         routes[name] = EndpointRoute(name=name, runtime=revisions.get(revision_id), revision_id=revision_id,
-                                     replicas=urls, starting=bool(revision_id) and not urls and revision_id in any_replicas)
+                                     replicas=urls, starting=bool(revision_id) and not urls and revision_id in any_replicas,
+                                     cost=costs.get(revision_id))
     return RoutingTable(endpoints=routes, grants=grants)
 
 
-def load_table(engine: Engine) -> RoutingTable:
+def load_table(engine: Engine, hardware_profile: str | None = None) -> RoutingTable:
+    """The snapshot, with each serving revision's cost model measured on ``hardware_profile``."""
     with Session(engine) as session:
         names = list(session.scalars(select(EndpointRow.name)))
         traffic = {row.endpoint: row.revision_id for row in session.scalars(select(TrafficRow))}
-        revisions = {row.id: row.runtime for row in session.scalars(select(RevisionRow))}
+        revision_rows = {row.id: row for row in session.scalars(select(RevisionRow))}
+        revisions = {rid: row.runtime for rid, row in revision_rows.items()}
         ready: dict[str, list[str]] = {}
         any_replicas: set[str] = set()
         for row in session.scalars(select(ReplicaRow).where(ReplicaRow.state != "stopped")):
             any_replicas.add(row.revision_id)
             if row.state == "ready":
                 ready.setdefault(row.revision_id, []).append(f"http://{row.host}:{row.port}")
-    return build_table(names, traffic, revisions, ready, any_replicas, TokenStore(engine).grants())
+    costs: dict[str, RouteCost] = {}
+    if hardware_profile is not None:
+        profiles = CostProfileStore(engine).for_hardware(hardware_profile)
+        for revision_id in set(traffic.values()):
+            row = revision_rows.get(revision_id)
+            profile = profiles.get(row.partition_key) if row is not None else None
+            cost = RouteCost.from_profile(profile.model) if profile is not None else None
+            if cost is not None:
+                costs[revision_id] = cost
+    return build_table(names, traffic, revisions, ready, any_replicas, TokenStore(engine).grants(), costs)

@@ -1,0 +1,154 @@
+"""``cost_model``: what a request costs this version on this hardware, measured, not guessed.
+
+After the eval gate passed, the checkpoint that will serve is started on the cluster
+backend as a revision of its own (no endpoint routes to it), and a sweep of input length
+× output length × concurrency (the spec's ``cost_model`` section) is run against it with
+closed-loop load (:mod:`costmodel.measure`). :func:`costmodel.fit.fit_cost_model` fits
+``latency_ms(i, o | c) = α_c·i + β_c·o + γ_c`` per concurrency level by non-negative
+least squares, reports R² and the error on held-out sweep points, and picks the largest
+concurrency whose p99 holds the spec's SLO: the starting ``target_concurrency``. One model
+unit is one millisecond of replica time at that operating point, so a request costs
+``(α·i + β·o + γ) / c`` units.
+
+The result is stored per (model version, hardware profile) in the control plane, where
+the router and the autoscaler read it, and logged to MLflow with the sweep and a plot.
+Classic models sweep concurrency only. A sweep where every request failed, or too small
+to fit, fails the step with the reason; nothing is written.
+"""
+
+import base64
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+
+from dagster import AssetExecutionContext, Failure, MetadataValue, Output, asset
+
+from assets.rollout import WaitReady
+from assets.served_endpoint import RolloutDriver, choose_runtime
+from assets.serving_specs import serving_specs
+from assets.source_model import model_versions
+from cluster.protocol import RevisionSpec
+from controlplane.cost_profiles import CostProfileStore
+from controlplane.revisions import RevisionStore
+from controlplane.specs import EndpointSpec
+from costmodel.fit import fit_cost_model
+from costmodel.measure import classic_input_example, run_sweep
+from costmodel.plot import plot_png
+from costmodel.sweep import SweepError, SweepGrid
+from pipelines.registry import parse_partition_key
+from pipelines.resources import ClusterResource, ControlPlaneResource, RegistryResource
+from serving.runtime.model_layout import locate
+
+KIND = "cost_model"
+REASON_TAG = "modelplane/cost_model_reason"
+BENCH_MODEL_NAME = "cost-sweep"
+
+
+def grid_of(spec: EndpointSpec, is_llm: bool) -> SweepGrid:
+    sweep = spec.cost_model
+    if not is_llm:
+        return SweepGrid(input_tokens=(0,), output_tokens=(0,), concurrency=tuple(sweep.concurrency),
+                         requests_per_point=sweep.requests_per_point, max_point_s=sweep.max_point_s)
+    return SweepGrid(input_tokens=tuple(sweep.input_tokens), output_tokens=tuple(sweep.output_tokens),
+                     concurrency=tuple(sweep.concurrency), requests_per_point=sweep.requests_per_point,
+                     max_point_s=sweep.max_point_s)
+
+
+def _strictest(specs: list[EndpointSpec]) -> EndpointSpec:
+    """The spec whose SLO is tightest: a target that holds it holds the others'."""
+    return min(specs, key=lambda s: (s.slo.p99_latency_ms, s.slo.time_to_first_token_ms or float("inf")))
+
+
+@asset(
+    partitions_def=model_versions,
+    group_name="deploy",
+    kinds={"python"},
+    description="Cost coefficients (α, β, γ) and the starting target concurrency, from a benchmark sweep of "
+                "the gated checkpoint on the serving hardware.",
+)
+def cost_model(
+    context: AssetExecutionContext,
+    quantized_checkpoint: dict,
+    control_plane: ControlPlaneResource,
+    registry: RegistryResource,
+    cluster: ClusterResource,
+) -> Output[dict]:
+    model, version = parse_partition_key(context.partition_key)
+    client = registry.client()
+    specs, _ = serving_specs(control_plane.endpoints().list(), model, version, client.alias_version)
+    if not specs:
+        raise Failure(description=f"no endpoint serves {model} v{version} now, so there is no SLO to size against")
+    spec = _strictest(specs)
+    is_llm = quantized_checkpoint["is_llm"]
+    grid = grid_of(spec, is_llm)
+    profile = cluster.hardware_profile()
+    reason = context.run.tags.get(REASON_TAG, "new version")
+    serve_dir = Path(quantized_checkpoint["serve_dir"])
+    runtime = choose_runtime(spec.runtime, is_llm)
+    revision_id = f"{model}-v{version}-cost-{int(time.time())}"[-96:]
+    backend = cluster.client()
+    driver = RolloutDriver(backend, RevisionStore(control_plane.engine()), context.log.info)
+    context.log.info(f"{model} v{version} on {profile.key}: {grid.n_points} sweep points ({reason})")
+    backend.apply(RevisionSpec(revision_id, BENCH_MODEL_NAME, str(serve_dir), runtime, 1, spec.replica.model_dump()))
+    try:
+        if not driver.wait_ready(WaitReady(revision_id, 1)):
+            raise Failure(description=f"the benchmark replica of {model} v{version} never became ready; "
+                                      "see $MODELPLANE_HOME/logs/replicas/")
+        [replica] = [r for r in backend.replicas(revision_id) if r.ready][:1]
+        started = time.monotonic()
+        if is_llm:
+            vocab = locate(serve_dir).config.get("vocab_size")
+            samples, points = run_sweep(replica.url, grid, model_name=BENCH_MODEL_NAME, vocab_size=vocab,
+                                        log=context.log.info)
+        else:
+            samples, points = run_sweep(replica.url, grid, classic_body=classic_input_example(serve_dir),
+                                        log=context.log.info)
+        sweep_s = time.monotonic() - started
+    finally:
+        backend.delete(revision_id)
+    try:
+        fitted = fit_cost_model(samples, points, spec.slo.p99_latency_ms, spec.slo.time_to_first_token_ms,
+                                "llm" if is_llm else "classic")
+    except SweepError as exc:
+        raise Failure(description=f"{model} v{version}: the sweep cannot give a cost model: {exc}") from None
+    stored = CostProfileStore(control_plane.engine()).put(context.partition_key, profile.key, fitted.to_json(),
+                                                          fitted.target_concurrency, reason)
+    png = plot_png(points, samples, fitted)
+    coefficients = fitted.coefficients
+    with tempfile.TemporaryDirectory() as staging:
+        Path(staging, "cost_model.json").write_text(json.dumps(fitted.to_json(), indent=2))
+        Path(staging, "sweep.json").write_text(json.dumps([p.to_json() for p in points], indent=2))
+        Path(staging, "cost_model.png").write_bytes(png)
+        run_id = client.log_derived(model, version, KIND, Path(staging),
+                                    tags={"modelplane.hardware_profile": profile.key, "modelplane.reason": reason},
+                                    metrics={k: v for k, v in {
+                                        "alpha_ms_per_input_token": coefficients.alpha_ms_per_input_token,
+                                        "beta_ms_per_output_token": coefficients.beta_ms_per_output_token,
+                                        "gamma_ms": coefficients.gamma_ms, "r2": fitted.r2,
+                                        "heldout_median_abs_pct_error": fitted.heldout_median_abs_pct_error,
+                                        "target_concurrency": fitted.target_concurrency}.items() if math.isfinite(v)})
+    if not fitted.slo_met:
+        context.log.warning(fitted.slo_message)
+    value = {"model": model, "version": version, "hardware_profile": profile.key, "cost_model": fitted.to_json(),
+             "target_concurrency": stored.target_concurrency, "mlflow_run_id": run_id}
+    return Output(value, metadata={
+        "hardware_profile": profile.key,
+        "reason": reason,
+        "alpha_ms_per_input_token": round(coefficients.alpha_ms_per_input_token, 4),
+        "beta_ms_per_output_token": round(coefficients.beta_ms_per_output_token, 3),
+        "gamma_ms": round(coefficients.gamma_ms, 2),
+        "target_concurrency": fitted.target_concurrency,
+        "slo_met": fitted.slo_met,
+        "slo": fitted.slo_message,
+        "r2": round(fitted.r2, 4) if math.isfinite(fitted.r2) else "n/a",
+        "heldout_median_abs_pct_error": (round(fitted.heldout_median_abs_pct_error, 2)
+                                         if math.isfinite(fitted.heldout_median_abs_pct_error) else "n/a (nothing held out)"),
+        "sweep_points": len(points),
+        "sweep_requests": len(samples),
+        "sweep_s": round(sweep_s, 1),
+        "mlflow_run_id": run_id,
+        "plot": MetadataValue.md(f"![latency vs concurrency; predicted vs measured]"
+                                 f"(data:image/png;base64,{base64.b64encode(png).decode()})"),
+    })
