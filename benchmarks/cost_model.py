@@ -48,6 +48,7 @@ import argparse
 import asyncio
 import csv
 import math
+import os
 import random
 import shutil
 import statistics
@@ -63,7 +64,9 @@ GOAL = ("median absolute error <= 15% of measured latency on held-out sweep poin
 GOAL_PCT = 15.0
 GOAL_SWEEP_S = 300.0
 SLO_P99_MS = 1000.0
-TRACE_CSV = Path("/work/shared/data/azure-llm-trace-2023/AzureLLMInferenceTrace_conv.csv")
+# The Azure trace sits beside the checkout (../shared/data); MODELPLANE_TRACE_CSV points elsewhere.
+TRACE_CSV = Path(os.environ.get("MODELPLANE_TRACE_CSV", Path(__file__).resolve().parents[2] / "shared" / "data"
+                                / "azure-llm-trace-2023" / "AzureLLMInferenceTrace_conv.csv"))
 WORK_DIR = CACHE_DIR / "cost_model"
 TARGET_INPUT, TARGET_OUTPUT = 128, 32  # the trace's median request maps here
 INPUT_RANGE, OUTPUT_RANGE = (8, 512), (4, 64)
@@ -136,6 +139,16 @@ def abs_pct_errors(measured: Sequence[float], predicted: Sequence[float]) -> lis
         [10.0, 25.0]
     """
     return [abs(p - m) / m * 100 for m, p in zip(measured, predicted) if m > 0]
+
+
+def median_bias_pct(measured: Sequence[float], predicted: Sequence[float]) -> float | None:
+    """The median of (predicted − measured) / measured in percent: > 0 when the model over-predicts.
+
+        >>> median_bias_pct([100.0, 200.0, 100.0], [110.0, 150.0, 130.0])
+        10.0
+    """
+    signed = [(p - m) / m * 100 for m, p in zip(measured, predicted) if m > 0]
+    return round(statistics.median(signed), 2) if signed else None
 
 
 def error_summary(errors: Sequence[float]) -> dict:
@@ -227,12 +240,12 @@ def quick_grid():
 
 def heldout_by_level(samples, concurrency_levels: Sequence[int]) -> dict:
     """Per level: the hold-out split ``fit_cost_model`` uses, ours vs the anchor on the held-out rows."""
-    from costmodel.fit import fit_level, split_heldout
+    from costmodel.fit import HELDOUT_EVERY, fit_level, split_heldout
 
     ok = [s for s in samples if s.ok]
     out, ours_all, anchor_all = {}, [], []
     for c in concurrency_levels:
-        fit_rows, held = split_heldout([s for s in ok if s.concurrency == c], c, "llm", 4)
+        fit_rows, held = split_heldout([s for s in ok if s.concurrency == c], c, "llm", HELDOUT_EVERY)
         if not held:
             out[str(c)] = {"n": 0}
             continue
@@ -301,6 +314,7 @@ def main() -> None:
     log_path = WORK_DIR / "logs" / "engine.log"
     log(f"grid: {grid.n_points} points, inputs {grid.input_tokens}, outputs {grid.output_tokens}, concurrency "
         f"{grid.concurrency}; engine log {log_path}")
+    load_before = [round(v, 2) for v in os.getloadavg()]
     started = time.monotonic()
     with engine_for(checkpoint, log_path) as base:
         log(f"engine healthy after {time.monotonic() - started:.1f} s at {base}")
@@ -321,6 +335,7 @@ def main() -> None:
         replayed = asyncio.run(_replay(f"{base}/v1/completions", EVAL_MODEL_NAME, vocab_size, shapes, concurrency,
                                        seed=args.seed + 1))
         replay_s = time.monotonic() - replay_started
+        load_after = [round(v, 2) for v in os.getloadavg()]
 
     ok_samples = [s for s in samples if s.ok]
     level_mean_ms = {c: statistics.fmean(s.latency_ms for s in ok_samples if s.concurrency == c)
@@ -354,15 +369,18 @@ def main() -> None:
             "heldout_median_abs_pct_error": model_json["heldout_median_abs_pct_error"],
             "heldout_by_level": heldout["levels"], "fit_by_level": level_fit_quality(model, samples),
             "sweep_points": [p.to_json() for p in points],
+            "loadavg_1_5_15": {"before_engine": load_before, "after_replay": load_after},
             "trace": {"n": ours_trace["n"], "n_failed": len(replayed) - len(good), "concurrency": concurrency,
                       "concurrency_reason": why, "replay_s": round(replay_s, 1),
                       "median_abs_pct_error": ours_trace["median_abs_pct_error"],
-                      "p90_abs_pct_error": ours_trace["p90_abs_pct_error"], "scaling": scaling.to_json(),
+                      "p90_abs_pct_error": ours_trace["p90_abs_pct_error"],
+                      "median_bias_pct": median_bias_pct(measured, ours_pred), "scaling": scaling.to_json(),
                       "requests": good}}
     anchor = {"name": "one cost per request (mean latency at that concurrency)",
               "level_mean_latency_ms": {str(c): round(v, 1) for c, v in level_mean_ms.items()},
               "trace": {"n": anchor_trace["n"], "median_abs_pct_error": anchor_trace["median_abs_pct_error"],
-                        "p90_abs_pct_error": anchor_trace["p90_abs_pct_error"]},
+                        "p90_abs_pct_error": anchor_trace["p90_abs_pct_error"],
+                        "median_bias_pct": median_bias_pct(measured, anchor_pred)},
               "heldout_median_abs_pct_error": heldout["anchor"]["median_abs_pct_error"]}
     ours_median, anchor_median = ours_trace["median_abs_pct_error"], anchor_trace["median_abs_pct_error"]
     ratio = anchor_median / ours_median if ours_median and anchor_median is not None else 0.0

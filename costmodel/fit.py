@@ -31,6 +31,7 @@ from costmodel.sweep import RequestSample, SweepError, SweepPoint
 
 KINDS = ("llm", "classic")
 MODEL_UNITS_PER_REPLICA_S = 1000.0  # one model unit is 1 ms of replica time
+HELDOUT_EVERY = 3  # every 3rd (input, output) shape of a level is held out: 2 of the default grid's 6
 MIN_LLM_SAMPLES_PER_LEVEL = 3  # α, β, γ: three unknowns
 MAX_FAILED_FRACTION = 0.01  # a failed request is slower than any SLO: over 1 % of them breaks a p99
 
@@ -363,7 +364,7 @@ def _median_abs_pct_error(measured: list[float], predicted: list[float]) -> floa
 
 
 def fit_cost_model(samples: list[RequestSample], points: list[SweepPoint], slo_p99_ms: float,
-                   slo_ttft_ms: float | None, kind: str, heldout_every: int = 4) -> CostModel:
+                   slo_ttft_ms: float | None, kind: str, heldout_every: int = HELDOUT_EVERY) -> CostModel:
     """Fit every level, check the fit on held-out rows, and choose the operating point.
 
     Each level is first split by ``split_heldout``: R² is reported on the fit rows and the
