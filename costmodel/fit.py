@@ -27,22 +27,13 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
-from costmodel.sweep import RequestSample, SweepError, SweepPoint
+from costmodel.sweep import RequestSample, SweepError, SweepPoint, number_or_nan, number_or_none
 
 KINDS = ("llm", "classic")
 MODEL_UNITS_PER_REPLICA_S = 1000.0  # one model unit is 1 ms of replica time
 HELDOUT_EVERY = 3  # every 3rd (input, output) shape of a level is held out: 2 of the default grid's 6
 MIN_LLM_SAMPLES_PER_LEVEL = 3  # α, β, γ: three unknowns
 MAX_FAILED_FRACTION = 0.01  # a failed request is slower than any SLO: over 1 % of them breaks a p99
-
-
-def _number_or_none(value: float | None) -> float | None:
-    """JSON has no nan: a figure that could not be measured travels as null."""
-    return None if value is None or not math.isfinite(value) else float(value)
-
-
-def _nan_if_none(value: float | None) -> float:
-    return math.nan if value is None else float(value)
 
 
 @dataclass(frozen=True)
@@ -304,16 +295,16 @@ class CostModel:
     def to_json(self) -> dict:
         return {"kind": self.kind, "target_concurrency": self.target_concurrency, "slo_met": self.slo_met,
                 "slo_message": self.slo_message, "slo_p99_ms": self.slo_p99_ms, "slo_ttft_ms": self.slo_ttft_ms,
-                "r2": _number_or_none(self.r2),
-                "heldout_median_abs_pct_error": _number_or_none(self.heldout_median_abs_pct_error),
+                "r2": number_or_none(self.r2),
+                "heldout_median_abs_pct_error": number_or_none(self.heldout_median_abs_pct_error),
                 "n_samples": self.n_samples, "levels": [c.to_json() for c in self.levels.values()]}
 
     @classmethod
     def from_json(cls, data: dict) -> CostModel:
         levels = [Coefficients.from_json(level) for level in data["levels"]]
         return cls(levels={c.concurrency: c for c in levels}, target_concurrency=int(data["target_concurrency"]),
-                   slo_met=bool(data["slo_met"]), slo_message=str(data["slo_message"]), r2=_nan_if_none(data["r2"]),
-                   heldout_median_abs_pct_error=_nan_if_none(data["heldout_median_abs_pct_error"]),
+                   slo_met=bool(data["slo_met"]), slo_message=str(data["slo_message"]), r2=number_or_nan(data["r2"]),
+                   heldout_median_abs_pct_error=number_or_nan(data["heldout_median_abs_pct_error"]),
                    n_samples=int(data["n_samples"]), kind=str(data["kind"]), slo_p99_ms=float(data["slo_p99_ms"]),
                    slo_ttft_ms=None if data.get("slo_ttft_ms") is None else float(data["slo_ttft_ms"]))
 

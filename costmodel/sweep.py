@@ -40,12 +40,12 @@ def nearest_rank_percentile(values: Sequence[float], q: float) -> float:
     return float(ordered[min(len(ordered), max(1, rank)) - 1])
 
 
-def _number_or_none(value: float | None) -> float | None:
+def number_or_none(value: float | None) -> float | None:
     """JSON has no nan or infinity: a missing measurement travels as null."""
     return None if value is None or not math.isfinite(value) else float(value)
 
 
-def _number_or_nan(value: float | None) -> float:
+def number_or_nan(value: float | None) -> float:
     return math.nan if value is None else float(value)
 
 
@@ -169,13 +169,13 @@ class RequestSample:
 
     def to_json(self) -> dict:
         return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "concurrency": self.concurrency, "latency_ms": _number_or_none(self.latency_ms),
-                "ttft_ms": _number_or_none(self.ttft_ms), "ok": self.ok}
+                "concurrency": self.concurrency, "latency_ms": number_or_none(self.latency_ms),
+                "ttft_ms": number_or_none(self.ttft_ms), "ok": self.ok}
 
     @classmethod
     def from_json(cls, data: dict) -> RequestSample:
         return cls(input_tokens=int(data["input_tokens"]), output_tokens=int(data["output_tokens"]),
-                   concurrency=int(data["concurrency"]), latency_ms=_number_or_nan(data["latency_ms"]),
+                   concurrency=int(data["concurrency"]), latency_ms=number_or_nan(data["latency_ms"]),
                    ttft_ms=None if data.get("ttft_ms") is None else float(data["ttft_ms"]), ok=bool(data["ok"]))
 
 
@@ -246,19 +246,19 @@ class SweepPoint:
     def to_json(self) -> dict:
         return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
                 "concurrency": self.concurrency, "n_ok": self.n_ok, "n_failed": self.n_failed,
-                "mean_latency_ms": _number_or_none(self.mean_latency_ms),
-                "p50_latency_ms": _number_or_none(self.p50_latency_ms),
-                "p99_latency_ms": _number_or_none(self.p99_latency_ms),
-                "p99_ttft_ms": _number_or_none(self.p99_ttft_ms),
+                "mean_latency_ms": number_or_none(self.mean_latency_ms),
+                "p50_latency_ms": number_or_none(self.p50_latency_ms),
+                "p99_latency_ms": number_or_none(self.p99_latency_ms),
+                "p99_ttft_ms": number_or_none(self.p99_ttft_ms),
                 "throughput_rps": self.throughput_rps, "output_tokens_per_s": self.output_tokens_per_s}
 
     @classmethod
     def from_json(cls, data: dict) -> SweepPoint:
         return cls(input_tokens=int(data["input_tokens"]), output_tokens=int(data["output_tokens"]),
                    concurrency=int(data["concurrency"]), n_ok=int(data["n_ok"]), n_failed=int(data["n_failed"]),
-                   mean_latency_ms=_number_or_nan(data["mean_latency_ms"]),
-                   p50_latency_ms=_number_or_nan(data["p50_latency_ms"]),
-                   p99_latency_ms=_number_or_nan(data["p99_latency_ms"]),
+                   mean_latency_ms=number_or_nan(data["mean_latency_ms"]),
+                   p50_latency_ms=number_or_nan(data["p50_latency_ms"]),
+                   p99_latency_ms=number_or_nan(data["p99_latency_ms"]),
                    p99_ttft_ms=None if data.get("p99_ttft_ms") is None else float(data["p99_ttft_ms"]),
                    throughput_rps=float(data["throughput_rps"]),
                    output_tokens_per_s=float(data["output_tokens_per_s"]))
