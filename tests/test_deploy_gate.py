@@ -211,3 +211,22 @@ def test_spec_switches_change_the_saved_recipe(deployment, switches, targets, st
     errors = {k: v for k, v in result.get_asset_materialization_events()[-1].materialization.metadata.items()
               if k.startswith("weight_error_")}
     assert ("weight_error_attention_pct" in errors) == (targets == ["Linear"])
+
+
+def test_a_sweep_that_cannot_give_a_model_fails_with_its_reason_and_writes_nothing(deployment):
+    from cluster.hardware import detect_local
+    from controlplane.cost_profiles import CostProfileStore
+
+    one_shape = SPEC.replace("input_tokens: [16, 64], output_tokens: [4, 16]", "input_tokens: [16], output_tokens: [4]")
+    deployment.specs.put(parse_spec(one_shape))
+    try:
+        version = deployment.champion()
+        result = deployment.deploy(version, assets=[source_model, quantized_checkpoint, cost_model])
+    finally:
+        deployment.specs.put(parse_spec(SPEC))
+    assert not result.success
+    [failure] = result.get_step_failure_events()
+    message = str(failure.step_failure_data.user_failure_data.description)
+    assert "the sweep cannot give a cost model" in message and "1 distinct (input, output) shape" in message
+    assert CostProfileStore(deployment.engine).get(f"tiny-llm.v{version}", detect_local().key) is None
+    assert all(r.state in ("retired", "failed") for r in RevisionStore(deployment.engine).list("cost-sweep"))
