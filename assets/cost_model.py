@@ -47,11 +47,10 @@ BENCH_MODEL_NAME = "cost-sweep"
 
 
 def grid_of(spec: EndpointSpec, is_llm: bool) -> SweepGrid:
+    """The spec's sweep; a classic model has no token axes (inputs and outputs are (0,))."""
     sweep = spec.cost_model
-    if not is_llm:
-        return SweepGrid(input_tokens=(0,), output_tokens=(0,), concurrency=tuple(sweep.concurrency),
-                         requests_per_point=sweep.requests_per_point, max_point_s=sweep.max_point_s)
-    return SweepGrid(input_tokens=tuple(sweep.input_tokens), output_tokens=tuple(sweep.output_tokens),
+    return SweepGrid(input_tokens=tuple(sweep.input_tokens) if is_llm else (0,),
+                     output_tokens=tuple(sweep.output_tokens) if is_llm else (0,),
                      concurrency=tuple(sweep.concurrency), requests_per_point=sweep.requests_per_point,
                      max_point_s=sweep.max_point_s)
 

@@ -9,19 +9,14 @@ from pathlib import Path
 
 
 def machine() -> dict:
-    cpu_model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    from serving.runtime.cpu import available_cpus
+    """The hardware profile the figures belong to (``cluster.hardware``), plus memory and Python."""
+    from cluster.hardware import detect_local
 
+    profile = detect_local()
     memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpu_model": cpu_model, "cpus": available_cpus(), "memory_gib": round(memory_gib, 1),
-            "python": platform.python_version(), "gpu": None}
+    return {"cpu_model": profile.cpu_model, "cpus": profile.cpu_cores, "memory_gib": round(memory_gib, 1),
+            "python": platform.python_version(),
+            "gpu": f"{profile.gpu_name} x{profile.gpu_count}" if profile.gpu_count else None}
 
 
 def write_result(path: str | None, *, benchmark: str, ours: dict, anchor: dict, ratio: float, goal: str,

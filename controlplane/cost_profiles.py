@@ -44,7 +44,7 @@ class CostProfileStore:
                 session.add(row)
             row.model, row.target_concurrency, row.reason = model, target_concurrency, reason
             row.created_at = self._now()
-        return self.get(partition_key, hardware_profile)
+            return _profile(row)
 
     def get(self, partition_key: str, hardware_profile: str) -> CostProfile | None:
         with Session(self._engine) as session:

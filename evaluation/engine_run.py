@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from evaluation.datasets import EvalSet
@@ -70,15 +70,13 @@ def engine_for(model_dir: Path, log_path: Path, runtime: VllmRuntime | None = No
     runtime = runtime or VllmRuntime()
     port = free_port()
     launch = runtime.command(Path(model_dir), "127.0.0.1", port, RuntimeConfig(model_name=EVAL_MODEL_NAME))
-    try:
-        server = running_server(launch.argv, launch.env, port, log_path, startup_timeout_s=startup_timeout_s)
-        base, _startup_s = server.__enter__()
-    except (RuntimeError, TimeoutError) as exc:
-        raise EngineStartError(str(exc)) from None
-    try:
+    with ExitStack() as stack:
+        try:
+            base, _startup_s = stack.enter_context(
+                running_server(launch.argv, launch.env, port, log_path, startup_timeout_s=startup_timeout_s))
+        except (RuntimeError, TimeoutError) as exc:  # only start-up failures: the caller's errors pass as they are
+            raise EngineStartError(str(exc)) from None
         yield base
-    finally:
-        server.__exit__(None, None, None)
 
 
 def evaluate_checkpoint(model_dir: Path, eval_set: EvalSet, log_path: Path, *, use_cache: bool = True,

@@ -9,7 +9,6 @@ import os
 # off (controlplane.settings.OFFLINE_ENV); so do the tests, whose offline checks would see it.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "1")
-import socket
 import uuid
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from controlplane import db
+from serving.runtime.process import free_port  # noqa: F401 - the tests import it from here
 
 POSTGRES_ADMIN_URL = os.environ.get("MODELPLANE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
@@ -32,12 +32,6 @@ def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.2):
             return value
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture

@@ -130,8 +130,10 @@ class Proxy:
             del self.in_flight[url]
 
     def _observe(self, upstream: Upstream, status: int, content: bytes, latency_s: float) -> None:
-        """Learn the endpoint's mean output length and compare latency with the cost model."""
-        if status != 200 or upstream.payload is None or len(content) > 1_000_000:
+        """Learn the endpoint's mean output length and compare latency with the cost model.
+
+        Only endpoints with a cost model price requests, so only their answers are parsed."""
+        if upstream.route.cost is None or status != 200 or upstream.payload is None or len(content) > 1_000_000:
             return
         try:
             completion_tokens = json.loads(content)["usage"]["completion_tokens"]
@@ -141,11 +143,10 @@ class Proxy:
             return
         name = upstream.route.name
         self.mean_output[name] = cost.updated_mean(self.mean_output.get(name), completion_tokens)
-        if upstream.route.cost is not None:
-            predicted_ms = upstream.route.cost.latency_ms(cost.input_tokens(upstream.payload), completion_tokens)
-            self.metrics.cost_requests.labels(name).inc()
-            self.metrics.cost_observed.labels(name).inc(latency_s)
-            self.metrics.cost_predicted.labels(name).inc(predicted_ms / 1000)
+        predicted_ms = upstream.route.cost.latency_ms(cost.input_tokens(upstream.payload), completion_tokens)
+        self.metrics.cost_requests.labels(name).inc()
+        self.metrics.cost_observed.labels(name).inc(latency_s)
+        self.metrics.cost_predicted.labels(name).inc(predicted_ms / 1000)
 
     async def _relay(self, url: str, response: aiohttp.ClientResponse, upstream: Upstream, units: float,
                      sent: float) -> Response:
