@@ -14,8 +14,8 @@ def machine() -> dict:
 
     profile = detect_local()
     memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpu_model": profile.cpu_model, "cpus": profile.cpu_cores, "memory_gib": round(memory_gib, 1),
-            "python": platform.python_version(),
+    return {"cpu_model": profile.cpu_model, "cpus": profile.cpu_cores, "isa": list(profile.isa), "amx": profile.amx,
+            "hardware_profile": profile.key, "memory_gib": round(memory_gib, 1), "python": platform.python_version(),
             "gpu": f"{profile.gpu_name} x{profile.gpu_count}" if profile.gpu_count else None}
 
 

@@ -20,7 +20,7 @@ import os
 import secrets
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: Given to every process modelplane starts: no usage telemetry leaves a self-hosted install.
@@ -45,6 +45,16 @@ class Settings(BaseModel):
     host: str = "127.0.0.1"
     mlflow_tracking_uri_override: str | None = None
     quantize_python: Path = REPO_ROOT / ".venv-quantize" / "bin" / "python"
+    amx: str = "auto"  # MODELPLANE_AMX: "auto" or "off" (serving/runtime/amx.py); replicas read it from the env
+
+    @field_validator("amx")
+    @classmethod
+    def _known_amx_mode(cls, value: str) -> str:
+        from serving.runtime.amx import MODE_ENV, MODES
+
+        if value not in MODES:
+            raise ValueError(f"{MODE_ENV} must be one of {', '.join(MODES)}, got {value!r}")
+        return value
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "Settings":
@@ -65,6 +75,7 @@ class Settings(BaseModel):
             ports=ports,
             mlflow_tracking_uri_override=env.get("MLFLOW_TRACKING_URI"),
             quantize_python=Path(env.get("MODELPLANE_QUANTIZE_PYTHON", REPO_ROOT / ".venv-quantize" / "bin" / "python")),
+            amx=env.get("MODELPLANE_AMX", "auto").strip().lower() or "auto",
         )
 
     # -- derived paths -------------------------------------------------------------------

@@ -120,8 +120,9 @@ def test_max_model_len(context, kv_gib, per_token, override, expected):
 
 # ---- command and environment -----------------------------------------------------------------
 
-def test_cpu_command_runs_vllms_own_server_with_sized_settings(tiny_model_dir):
-    launch = cpu_runtime().command(tiny_model_dir, "127.0.0.1", 8123,
+def test_cpu_command_runs_vllms_own_server_with_sized_settings(tiny_model_dir, monkeypatch):
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    launch = cpu_runtime(VllmSettings(amx="auto")).command(tiny_model_dir, "127.0.0.1", 8123,
                                    RuntimeConfig(model_name="gec", cpu_cores=2, api_server_count=2))
     argv = launch.argv
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
@@ -138,7 +139,8 @@ def test_cpu_command_runs_vllms_own_server_with_sized_settings(tiny_model_dir):
     assert "--enforce-eager" in argv
     assert launch.env | {} == {
         "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
-        "OMP_NUM_THREADS": "2", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+        "OMP_NUM_THREADS": "2", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "1",
+        "MODELPLANE_AMX": "auto"}
 
 
 @pytest.mark.parametrize("cpu_cores, allowed, threads, bind", [
@@ -293,7 +295,8 @@ def live_server(tmp_path_factory):
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        yield {"base": base, "runtime": runtime, "config": config, "model_dir": model_dir}
+        yield {"base": base, "runtime": runtime, "config": config, "model_dir": model_dir, "pid": proc.pid,
+               "log_path": log_path}
     finally:
         stop_server_session(proc)
         survivors = []
@@ -374,6 +377,65 @@ def test_live_streaming_load_records_time_to_first_token(live_server):
     assert result.output_tokens == 8 * result.completed
     assert len(result.ttfts_s) == result.completed
     assert all(0 < ttft <= latency for ttft, latency in zip(result.ttfts_s, result.latencies_s))
+
+
+@pytest.mark.parametrize("amx, plugins, expected", [
+    ("auto", None, {"MODELPLANE_AMX": "auto"}),
+    ("off", None, {"MODELPLANE_AMX": "off", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}),
+    ("auto", "lora_filesystem_resolver", {"MODELPLANE_AMX": "auto",
+                                          "VLLM_PLUGINS": "lora_filesystem_resolver,modelplane_cpu"}),
+    ("auto", "modelplane_cpu", {"MODELPLANE_AMX": "auto"}),  # already allowed: left alone
+])
+def test_every_engine_process_gets_the_amx_mode_and_the_plugin_that_applies_it(tiny_model_dir, monkeypatch, amx,
+                                                                               plugins, expected):
+    if plugins is None:
+        monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_PLUGINS", plugins)
+    env = cpu_runtime(VllmSettings(amx=amx)).command(tiny_model_dir, "127.0.0.1", 8000, RuntimeConfig("m")).env
+    amx_keys = {"MODELPLANE_AMX", "ONEDNN_MAX_CPU_ISA", "VLLM_PLUGINS"}
+    assert {k: v for k, v in env.items() if k in amx_keys} == expected
+
+
+def test_the_amx_mode_comes_from_the_environment_and_a_wrong_one_is_refused(monkeypatch):
+    monkeypatch.setenv("MODELPLANE_AMX", "off")
+    assert VllmSettings().amx == "off"
+    with pytest.raises(ValueError, match="amx must be one of auto, off"):
+        VllmSettings(amx="on")
+
+
+@pytest.mark.slow
+def test_live_every_engine_process_holds_amx_state_exactly_where_the_cpu_has_amx(live_server):
+    """Each vLLM process (API server, engine core, worker) ran the plugin and read its permission
+    back with arch_prctl(ARCH_GET_XCOMP_PERM): XTILEDATA permitted on AMX CPUs, never asked elsewhere."""
+    import httpx
+    import psutil
+    import torch
+
+    from serving.runtime.amx import amx_log_lines, tile_data_permitted
+
+    response = httpx.post(live_server["base"] + "/v1/completions", trust_env=False, timeout=60,
+                          json={"model": "tiny", "prompt": "Fix: she go home.", "max_tokens": 4})
+    assert response.status_code == 200, response.text  # the kernels ran, and nothing died
+    engine_pids = {p.pid for p in psutil.process_iter() if _in_session(p, live_server["pid"])
+                   and "resource_tracker" not in " ".join(p.cmdline())}
+    assert len(engine_pids) >= 3  # API server, engine core, worker
+    lines = amx_log_lines(live_server["log_path"].read_text())
+    assert engine_pids <= set(lines), f"processes without an AMX line: {engine_pids - set(lines)}"
+    cpu_has_amx = torch.cpu._is_amx_tile_supported()
+    for pid in engine_pids:
+        status, mask = lines[pid]
+        assert status == ("granted" if cpu_has_amx else "absent"), (pid, status)
+        assert mask is not None and tile_data_permitted(mask) is cpu_has_amx
+
+
+def _in_session(process, session_id: int) -> bool:
+    import psutil
+
+    try:
+        return os.getsid(process.pid) == session_id
+    except (psutil.Error, ProcessLookupError):
+        return False
 
 
 def test_a_checkpoint_with_a_kv_cache_scheme_runs_with_an_fp8_kv_cache(tiny_model_dir, tmp_path):

@@ -13,7 +13,9 @@ and environment of ``python -m vllm.entrypoints.openai.api_server`` for one repl
   default, compiled vLLM (docs/benchmarks.md: equal at concurrency 16, eager slower at 1
   and 4, on a noisy machine). On CUDA eager mode would give up CUDA graphs, a large loss
   for small models, so it is set on CPU only (``VllmSettings``);
-- on CPU only: OpenMP threads bound to the replica's cores (from the cgroup quota, see
+- on CPU only: the AMX mode for :mod:`serving.runtime.vllm_plugin`, which every vLLM process
+  runs first (AMX state requested where the CPU has it, or vLLM kept off its AMX kernels;
+  ``VllmSettings.amx``), OpenMP threads bound to the replica's cores (from the cgroup quota, see
   ``cpu.py``), the KV cache sized from the memory actually free on the replica's NUMA node
   (vLLM's default, 92 % of the node, fails on any machine already running something), and
   ``--max-model-len`` no longer than what that KV cache holds.
@@ -29,13 +31,14 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from serving.runtime import cpu
+from serving.runtime import amx, cpu
 from serving.runtime.base import ProbeRequest, Progress, ReplicaLaunch, RuntimeConfig
 from serving.runtime.model_layout import ModelLayout, locate
+from serving.runtime.vllm_plugin import ENTRY_POINT_NAME
 
 GIB = 2**30
 # vLLM orders its priority queue by (priority, arrival): LOWER values run first
@@ -72,10 +75,16 @@ class VllmSettings:
     preload_jemalloc: bool = False  # LD_PRELOAD jemalloc when installed: far slower here (docs/benchmarks.md)
     uvicorn_access_log: bool = False  # one log line per request costs CPU on a busy replica
     extra_args: tuple[str, ...] = ()
+    # "auto": every engine process asks Linux for AMX state where the CPU has AMX, and runs
+    # without AMX kernels where that is refused; "off": never AMX (serving/runtime/amx.py).
+    # Default: $MODELPLANE_AMX, else "auto".
+    amx: str = field(default_factory=amx.mode_from_env)
 
     def __post_init__(self) -> None:
         if not 0 < self.kv_cache_share <= 1:
             raise ValueError(f"kv_cache_share must be in (0, 1], got {self.kv_cache_share}")
+        if self.amx not in amx.MODES:
+            raise ValueError(f"amx must be one of {', '.join(amx.MODES)}, got {self.amx!r}")
 
 
 # ---- pure sizing -------------------------------------------------------------------------
@@ -249,12 +258,22 @@ class VllmRuntime:
         reserved = layout.weights_bytes + int(processes * PROCESS_OVERHEAD_GIB * GIB)
         kv_gib = kv_cache_gib(self._memory_bytes(numa_node_of(cores[0])), reserved, per_token,
                               wanted, s.kv_cache_share, s.kv_cache_max_gib)
-        env = {"OMP_NUM_THREADS": str(len(cores)), "VLLM_CPU_KVCACHE_SPACE": str(kv_gib)}
+        env = {"OMP_NUM_THREADS": str(len(cores)), "VLLM_CPU_KVCACHE_SPACE": str(kv_gib), **self._amx_env()}
         if s.bind_threads:
             env["VLLM_CPU_OMP_THREADS_BIND"] = format_cpu_list(cores)
         if s.preload_jemalloc and (jemalloc := jemalloc_path()):
             env["LD_PRELOAD"] = ":".join(filter(None, [jemalloc, os.environ.get("LD_PRELOAD", "")]))
         return env, max_model_len(layout.context_tokens, kv_gib, per_token, s.max_model_len_tokens)
+
+    def _amx_env(self) -> dict[str, str]:
+        """The plugin's mode, and the plugin kept in a ``VLLM_PLUGINS`` allow-list if one is set."""
+        env = {amx.MODE_ENV: self.settings.amx}
+        if self.settings.amx == "off":
+            env[amx.ONEDNN_ISA_ENV] = amx.ONEDNN_ISA_WITHOUT_AMX
+        allowed = os.environ.get("VLLM_PLUGINS")
+        if allowed is not None and ENTRY_POINT_NAME not in allowed.split(","):
+            env["VLLM_PLUGINS"] = ",".join(filter(None, [allowed, ENTRY_POINT_NAME]))
+        return env
 
     def probe_request(self, model_dir: Path, config: RuntimeConfig) -> ProbeRequest:
         """One prompt token (the BOS id, so no tokenizer guesswork), one output token, first in line."""
