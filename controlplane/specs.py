@@ -59,6 +59,13 @@ class EvalMetric(str, Enum):
     similarity = "similarity"  # mean character-level similarity to the reference (0-1)
 
 
+class GateFailure(str, Enum):
+    """What a refused candidate leads to when no revision of the endpoint serves yet."""
+
+    serve_baseline = "serve_baseline"  # serve the unquantized checkpoint the gate measured
+    block = "block"  # stop the deploy; the endpoint serves nothing until a version passes
+
+
 class EvalGate(_Strict):
     """The quality bar a quantized candidate must clear before it may serve (docs/quantization.md)."""
 
@@ -73,7 +80,13 @@ class EvalGate(_Strict):
     min_agreement: float = Field(
         0.5, ge=0.0, le=1.0, description="Smallest share of greedy outputs identical to the baseline's."
     )
-
+    significance: float = Field(
+        0.05, gt=0.0, le=1.0, description="A task-metric drop beyond max_regression fails only when a paired one-sided "
+        "test gives p below this (McNemar for exact_match); 1.0 fails every drop beyond the bound.")
+    on_failure: GateFailure = Field(
+        GateFailure.serve_baseline, description="When the candidate is refused and the endpoint serves nothing yet: "
+        "serve_baseline serves the unquantized checkpoint, block serves nothing. A later version that is refused "
+        "always leaves the serving revision in place.")
 
     @field_validator("dataset")
     @classmethod

@@ -57,6 +57,16 @@ class EvalSet:
     nll_texts: list[str]  # held-out text whose mean per-token NLL is measured
 
     @property
+    def fingerprint(self) -> str:
+        """SHA-256 over the examples and NLL texts: a stored result of another version of the set never counts."""
+        digest = hashlib.sha256(self.name.encode())
+        for example in self.examples:
+            digest.update(f"\n{example.id}\t{example.reference}\t{example.messages!r}".encode())
+        for text in self.nll_texts:
+            digest.update(f"\n{text}".encode())
+        return digest.hexdigest()
+
+    @property
     def references(self) -> dict[str, str]:
         """Example id → reference answer."""
         return {example.id: example.reference for example in self.examples}

@@ -30,9 +30,10 @@ DEFAULTS = GateThresholds()
 
 
 def test_thresholds_come_from_the_spec_and_default_to_its_defaults():
-    assert GateThresholds.from_spec(EvalGate()) == DEFAULTS == GateThresholds("exact_match", 0.05, 0.02, 0.5)
-    spec = EvalGate(metric=EvalMetric.similarity, max_regression=0.05, max_nll_increase=0.1, min_agreement=0.8)
-    assert GateThresholds.from_spec(spec) == GateThresholds("similarity", 0.05, 0.1, 0.8)
+    assert GateThresholds.from_spec(EvalGate()) == DEFAULTS == GateThresholds("exact_match", 0.05, 0.02, 0.5, 0.05)
+    spec = EvalGate(metric=EvalMetric.similarity, max_regression=0.05, max_nll_increase=0.1, min_agreement=0.8,
+                    significance=0.2)
+    assert GateThresholds.from_spec(spec) == GateThresholds("similarity", 0.05, 0.1, 0.8, 0.2)
 
 
 def test_unknown_metric_is_refused_when_the_thresholds_are_made():
@@ -64,8 +65,8 @@ def test_each_check_reports_the_values_and_the_bound():
     (41, 38, False), (41, 60, True),
 ])
 def test_the_task_metric_may_drop_by_at_most_max_regression(baseline_correct, candidate_correct, passed):
-    decision = decide(result(candidate_correct), result(baseline_correct), None,
-                      GateThresholds(max_regression=0.02, min_agreement=0.0), EVAL_SET)
+    thresholds = GateThresholds(max_regression=0.02, min_agreement=0.0, significance=1.0)  # every drop counts
+    decision = decide(result(candidate_correct), result(baseline_correct), None, thresholds, EVAL_SET)
     assert decision.passed is passed
     assert decision.checks[0].passed is passed
 
@@ -76,6 +77,49 @@ def test_a_task_regression_names_the_metric_the_values_and_eval_gate_max_regress
     [reason] = decision.reasons
     assert "exact_match" in reason and "0.410" in reason and "0.350" in reason and "0.060" in reason
     assert "eval_gate.max_regression" in reason
+
+
+def answers(right: set[int], label: str = "m") -> EvalResult:
+    """Examples whose index is in ``right`` answered exactly, the others wrongly."""
+    outputs = {e.id: (e.reference if i in right else "Wrong answer.") for i, e in enumerate(EVAL_SET.examples)}
+    return score(EVAL_SET, outputs, [[-2.0]], model=label, duration_s=1.0)
+
+
+BASELINE_RIGHT = set(range(41))
+
+
+@pytest.mark.parametrize("lost, gained, significance, passed, why", [
+    (6, 0, 0.05, False, "drop 0.06 > 0.05 and McNemar p = 1/64 = 0.016: a regression"),
+    (6, 1, 0.05, True, "drop 0.05, not beyond the bound"),
+    (8, 2, 0.05, True, "drop 0.06 but p = 56/1024 = 0.055: within noise"),
+    (8, 2, 0.10, False, "the same drop at significance 0.10 is a regression"),
+    (8, 2, 1.00, False, "significance 1.0: every drop beyond the bound fails"),
+    (20, 14, 0.05, True, "drop 0.06 but p = 0.196: two models that disagree a lot"),
+])
+def test_a_drop_is_a_regression_only_beyond_the_bound_and_unlikely_to_be_noise(lost, gained, significance, passed,
+                                                                               why):
+    candidate_right = (BASELINE_RIGHT - set(range(lost))) | set(range(41, 41 + gained))
+    thresholds = GateThresholds(min_agreement=0.0, significance=significance)
+    decision = decide(answers(candidate_right), answers(BASELINE_RIGHT), None, thresholds, EVAL_SET)
+    task = decision.checks[0]
+    assert task.passed is passed, why
+    assert (task.paired.worse, task.paired.better, task.paired.n) == (lost, gained, 100)
+    low, high = task.paired.interval
+    assert low <= task.measured <= high
+    if not passed:
+        assert "eval_gate.significance" in task.reason and f"p = {task.paired.p_value:.3f}" in task.reason
+
+
+def test_a_drop_within_noise_says_so_in_its_summary():
+    candidate_right = (BASELINE_RIGHT - set(range(8))) | {41, 42}
+    task = decide(answers(candidate_right), answers(BASELINE_RIGHT), None, DEFAULTS, EVAL_SET).checks[0]
+    assert "within noise" in task.summary and "100 examples" in task.summary and "p = 0.055" in task.summary
+
+
+def test_the_similarity_metric_is_judged_by_a_paired_test_too():
+    thresholds = GateThresholds(metric="similarity", min_agreement=0.0)
+    decision = decide(result(0, wrong="Sentence."), result(41), None, thresholds, EVAL_SET)
+    assert not decision.passed and decision.checks[0].paired.test.startswith("sign-flip")
 
 
 def test_a_candidate_whose_nll_rose_5_percent_fails_with_a_reason_naming_max_nll_increase():
