@@ -1,6 +1,7 @@
 """``cost_model``: what a request costs this version on this hardware, measured, not guessed.
 
-After the eval gate passed, the checkpoint that will serve is started on the cluster
+After the eval gate passed (or refused and let the baseline serve,
+:mod:`assets.gate_verdict`), the checkpoint that will serve is started on the cluster
 backend as a revision of its own (no endpoint routes to it), and a sweep of input length
 × output length × concurrency (the spec's ``cost_model`` section) is run against it with
 closed-loop load (:mod:`costmodel.measure`). :func:`costmodel.fit.fit_cost_model` fits
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from dagster import AssetExecutionContext, Failure, MetadataValue, Output, asset
 
+from assets.gate_verdict import serving_checkpoint
 from assets.rollout import WaitReady
 from assets.served_endpoint import RolloutDriver, choose_runtime
 from assets.serving_specs import serving_specs
@@ -84,12 +86,14 @@ def cost_model(
     grid = grid_of(spec, is_llm)
     profile = cluster.hardware_profile()
     reason = context.run.tags.get(REASON_TAG, "new version")
-    serve_dir = Path(quantized_checkpoint["serve_dir"])
+    checkpoint = serving_checkpoint(quantized_checkpoint)
+    serve_dir = Path(checkpoint.model_dir)
     runtime = choose_runtime(spec.runtime, is_llm)
     revision_id = f"{model}-v{version}-cost-{int(time.time())}"[-96:]
     backend = cluster.client()
     driver = RolloutDriver(backend, RevisionStore(control_plane.engine()), context.log.info)
-    context.log.info(f"{model} v{version} on {profile.key}: {grid.n_points} sweep points ({reason})")
+    context.log.info(f"{model} v{version} ({checkpoint.label}) on {profile.key}: {grid.n_points} sweep points "
+                     f"({reason})")
     backend.apply(RevisionSpec(revision_id, BENCH_MODEL_NAME, str(serve_dir), runtime, 1, spec.replica.model_dump()))
     try:
         if not driver.wait_ready(WaitReady(revision_id, 1)):
@@ -134,6 +138,7 @@ def cost_model(
              "target_concurrency": stored.target_concurrency, "mlflow_run_id": run_id}
     return Output(value, metadata={
         "hardware_profile": profile.key,
+        "checkpoint": checkpoint.label,
         "reason": reason,
         "alpha_ms_per_input_token": round(coefficients.alpha_ms_per_input_token, 4),
         "beta_ms_per_output_token": round(coefficients.beta_ms_per_output_token, 3),

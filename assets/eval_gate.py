@@ -7,11 +7,23 @@ weights), and, when an endpoint is serving another version now, that revision's 
 against the spec's thresholds: the task metric must not drop by more than
 ``max_regression`` against either, per-token NLL on held-out text must not rise by more
 than ``max_nll_increase``, and at least ``min_agreement`` of the greedy outputs must equal
-the baseline's. A failed check has severity ERROR, so the deploy run stops: no cost model,
-no image, no traffic moves, and the metadata lists the worst examples.
+the baseline's. A task-metric drop counts only when it is also unlikely to be noise (a
+paired test on the per-example outcomes, ``significance``); the decision, the p-value, the
+interval, the example count and the kernels the engine ran (``cluster.hardware``: AMX or
+not) are in the metadata.
 
-A checkpoint the engine cannot load fails the gate too, with the scheme, the engine and
-the end of the engine's log.
+What a refusal leads to (:mod:`assets.gate_verdict` records it for the steps downstream):
+
+- an endpoint of this model serves a revision now: severity ERROR, the deploy run stops
+  (no cost model, no image, no traffic moves) and that revision keeps serving;
+- nothing serves yet and ``eval_gate.on_failure`` is ``serve_baseline`` (the default): the
+  check fails with severity WARN, which does not block, and the run goes on with the
+  unquantized baseline the gate just measured;
+- ``on_failure: block``: severity ERROR, nothing serves until a version passes.
+
+A candidate checkpoint the engine cannot load is refused the same way, with the scheme, the
+engine and the end of the engine's log; a baseline or serving revision that cannot be
+evaluated stops the run (there is nothing to judge against).
 """
 
 
@@ -20,16 +32,19 @@ from pathlib import Path
 
 from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
 
+from assets.gate_verdict import record_verdict
 from assets.quantized_checkpoint import quantized_checkpoint
 from assets.serving_specs import agreed_eval_gate, serving_specs
 from assets.source_model import model_versions
 from controlplane.revisions import RevisionStore
+from controlplane.specs import GateFailure
 from evaluation.datasets import eval_set as load_eval_set
 from evaluation.engine_eval import EngineEvalError
 from evaluation.engine_run import EngineStartError, evaluate_checkpoint
 from evaluation.gate import GateThresholds, decide
 from pipelines.registry import parse_partition_key
-from pipelines.resources import ControlPlaneResource, ModelStoreResource, RegistryResource
+from pipelines.resources import ClusterResource, ControlPlaneResource, ModelStoreResource, RegistryResource
+from quantization.engine_support import kernels
 
 # Partitioned asset checks are "preview" in Dagster 1.13 (pinned in requirements/main.lock);
 # the gate must be per model version, so it uses them and says so here instead of per run.
@@ -56,12 +71,30 @@ def _table(rows: list[dict]) -> str:
     return header + "\n".join(f"| {r['input']} | {r['reference']} | {r['baseline']} | {r['candidate']} |" for r in clean)
 
 
+def _refusal(context: AssetCheckExecutionContext, candidate: dict, reasons: list[str], something_serves: bool,
+             fall_back: bool, kernels_used: str, metadata: dict) -> AssetCheckResult:
+    """A refused candidate: the baseline serves instead (WARN, not blocking) or the run stops (ERROR)."""
+    if something_serves:
+        outcome = "refused; the revision serving now keeps serving"
+    elif fall_back:
+        outcome = ("refused; nothing serves this endpoint yet, so it serves the unquantized baseline instead "
+                   "(eval_gate.on_failure: serve_baseline)")
+    else:
+        outcome = "refused; nothing is served (eval_gate.on_failure: block)"
+    context.log.warning(f"eval gate: {candidate['scheme']} {outcome}")
+    record_verdict(candidate, "baseline" if fall_back else "none", reasons, kernels_used)
+    metadata = {**metadata, "decision": outcome, "reasons": MetadataValue.md("\n".join(f"- {r}" for r in reasons))}
+    return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN if fall_back else AssetCheckSeverity.ERROR,
+                            metadata=metadata)
+
+
 @asset_check(
     asset=quantized_checkpoint,
     blocking=True,
     partitions_def=model_versions,
     description="The quantized candidate on the real engine against the unquantized baseline and the "
-                "revision serving now; a failure stops the deploy before any traffic moves.",
+                "revision serving now; a refusal stops the deploy before any traffic moves, or, where nothing "
+                "serves yet, lets the unquantized baseline serve instead (eval_gate.on_failure).",
 )
 def eval_gate(
     context: AssetCheckExecutionContext,
@@ -69,6 +102,7 @@ def eval_gate(
     control_plane: ControlPlaneResource,
     registry: RegistryResource,
     model_store: ModelStoreResource,
+    cluster: ClusterResource,
 ) -> AssetCheckResult:
     candidate = quantized_checkpoint
     if not candidate["quantized"]:
@@ -80,12 +114,19 @@ def eval_gate(
     data = load_eval_set(gate.dataset)
     logs = Path(model_store.version_dir(model, version, "eval"))
     log = context.log.info
+    profile = cluster.hardware_profile()
+    kernels_used = kernels(candidate["scheme"].split("-")[0], profile)
 
     revisions = RevisionStore(control_plane.engine())
     serving_dirs = _serving_dirs(revisions, [s.name for s in specs], candidate["serve_dir"], candidate["source_dir"])
+    traffic = revisions.traffic()
+    something_serves = any(spec.name in traffic for spec in specs)
+    fall_back = not something_serves and gate.on_failure is GateFailure.serve_baseline
     # The specs agree on one section, and a model's endpoints normally serve one revision.
     roles = [("candidate", candidate["serve_dir"]), ("baseline", candidate["source_dir"])]
     roles += [("serving", serving_dirs[0])] if serving_dirs else []
+    measured_on = {"hardware_profile": profile.key, "cpu_amx": profile.amx, "kernels": kernels_used,
+                   "scheme": candidate["scheme"], "dataset": data.name, "compared_with_serving": bool(serving_dirs)}
     results = {}
     for role, model_dir in roles:
         try:
@@ -95,8 +136,11 @@ def eval_gate(
                     if role == "candidate" and isinstance(exc, EngineStartError)
                     else f"the {role} checkpoint ({model_dir}) could not be evaluated on {candidate['engine']}")
             context.log.error(f"{what}: {str(exc)[-500:]}")
-            return AssetCheckResult(passed=False, severity=AssetCheckSeverity.ERROR, metadata={
-                "reason": what, "engine_log_tail": MetadataValue.md(f"```\n{str(exc)[-3000:]}\n```")})
+            failure = {**measured_on, "reason": what,
+                       "engine_log_tail": MetadataValue.md(f"```\n{str(exc)[-3000:]}\n```")}
+            if role == "candidate":
+                return _refusal(context, candidate, [what], something_serves, fall_back, kernels_used, failure)
+            return AssetCheckResult(passed=False, severity=AssetCheckSeverity.ERROR, metadata=failure)
     candidate_result, baseline_result = results["candidate"], results["baseline"]
     serving_result = results.get("serving")
 
@@ -104,16 +148,18 @@ def eval_gate(
     for line in decision.reasons:
         context.log.warning(line)
     metadata = {
-        "dataset": data.name,
+        **measured_on,
         "examples": candidate_result.n_examples,
-        "scheme": candidate["scheme"],
         "checks": MetadataValue.md("\n".join(f"- {'✅' if c.passed else '❌'} {c.summary}" for c in decision.checks)),
+        "paired_tests": MetadataValue.json({c.name: c.paired.to_json() for c in decision.checks if c.paired}),
         "candidate": MetadataValue.json({"task": candidate_result.task, "nll": candidate_result.nll}),
         "baseline": MetadataValue.json({"task": baseline_result.task, "nll": baseline_result.nll}),
         "serving": MetadataValue.json({"task": serving_result.task, "nll": serving_result.nll}
                                       if serving_result else {}),
         "worst_examples": MetadataValue.md(_table([w.to_row() for w in decision.worst_examples])),
     }
-    if decision.reasons:
-        metadata["reasons"] = MetadataValue.md("\n".join(f"- {r}" for r in decision.reasons))
-    return AssetCheckResult(passed=decision.passed, severity=AssetCheckSeverity.ERROR, metadata=metadata)
+    if not decision.passed:
+        return _refusal(context, candidate, decision.reasons, something_serves, fall_back, kernels_used, metadata)
+    record_verdict(candidate, "candidate", [], kernels_used)
+    return AssetCheckResult(passed=True, severity=AssetCheckSeverity.ERROR,
+                            metadata={**metadata, "decision": f"passed: {candidate['scheme']} serves"})

@@ -1,8 +1,10 @@
 """``served_endpoint``: the version live behind the router, for every endpoint that serves it.
 
-It serves the checkpoint ``quantized_checkpoint`` produced (the source files for classic
-models and ``scheme: none``), and runs only once the blocking ``eval_gate`` passed and
-``cost_model`` measured the checkpoint on this hardware (the router prices its requests
+It serves the checkpoint the ``eval_gate`` verdict names (:mod:`assets.gate_verdict`): the
+quantized candidate that passed, the unquantized baseline where the gate refused the first
+candidate of an endpoint and ``eval_gate.on_failure`` is ``serve_baseline``, the source files
+for classic models and ``scheme: none``. It runs once ``cost_model`` measured that checkpoint
+on this hardware (the router prices its requests
 with that profile; the starting target concurrency is recorded with the revision).
 
 For each endpoint spec whose alias still points at this version: create a revision, start
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 import httpx
 from dagster import AssetExecutionContext, Failure, MetadataValue, Output, asset
 
+from assets.gate_verdict import serving_checkpoint
 from assets.serving_specs import serving_specs
 from assets.rollout import Drain, Retire, RolloutResult, Route, Start, StillCurrent, WaitReady, rollout
 from assets.source_model import model_versions
@@ -152,12 +155,19 @@ def served_endpoint(
     aliases = {spec.name: spec.alias for spec in specs}
     driver = RolloutDriver(cluster.client(), revisions, context.log.info,
                            still_current=lambda endpoint: client.alias_version(model, aliases[endpoint]) == version)
+    checkpoint = serving_checkpoint(quantized_checkpoint)
+    profile = cluster.hardware_profile()
+    details = {"checkpoint": checkpoint.label, "quantized": checkpoint.quantized, "eval_gate": checkpoint.gate,
+               "eval_gate_reasons": list(checkpoint.reasons), "hardware_profile": profile.key, "cpu_amx": profile.amx,
+               "target_concurrency": cost_model["target_concurrency"]}
+    if checkpoint.reasons:
+        context.log.warning(f"{model} v{version}: {checkpoint.gate}")
     served = []
     for spec in specs:
         runtime = choose_runtime(spec.runtime, quantized_checkpoint["is_llm"])
         replicas = max(1, spec.scaling.min_replicas)
-        revision = revisions.create(spec.name, context.partition_key, quantized_checkpoint["serve_dir"], runtime,
-                                    spec.replica.model_dump(), replicas)
+        revision = revisions.create(spec.name, context.partition_key, checkpoint.model_dir, runtime,
+                                    spec.replica.model_dump(), replicas, details)
         started = time.monotonic()
         result = driver.run(rollout(spec.name, revision.id, replicas))
         if result.superseded:
@@ -166,7 +176,7 @@ def served_endpoint(
         if not result.ok:
             raise Failure(description=f"{spec.name}: {result.reason}")
         served.append({"endpoint": spec.name, "revision": revision.id, "previous_revision": result.previous_revision_id,
-                       "runtime": runtime, "replicas": replicas, "checkpoint": quantized_checkpoint["scheme"] or "as registered",
+                       "runtime": runtime, "replicas": replicas, "checkpoint": checkpoint.label,
                        "target_concurrency": cost_model["target_concurrency"], "time_to_ready_s": round(time.monotonic() - started, 1),
                        "url": f"{control_plane.router_url}/serving-endpoints/{spec.name}/invocations"})
     if not served:
@@ -179,6 +189,11 @@ def served_endpoint(
         "previous_revision": first["previous_revision"] or "",
         "runtime": first["runtime"],
         "checkpoint": first["checkpoint"],
+        "eval_gate": checkpoint.gate,
+        **({"eval_gate_reasons": MetadataValue.md("\n".join(f"- {r}" for r in checkpoint.reasons))}
+           if checkpoint.reasons else {}),
+        "hardware_profile": profile.key,
+        "cpu_amx": profile.amx,
         "target_concurrency": first["target_concurrency"],
         "replicas": first["replicas"],
         "time_to_ready_s": first["time_to_ready_s"],

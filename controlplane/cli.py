@@ -35,7 +35,10 @@ PortOption = typer.Option(None, min=1, max=65535)
 
 def _settings(mlflow_port: int | None = None, dagster_port: int | None = None, admin_port: int | None = None,
               router_port: int | None = None) -> Settings:
-    settings = Settings.from_env()
+    try:
+        settings = Settings.from_env()
+    except ValueError as exc:  # pydantic's ValidationError is one
+        _fail(f"bad environment setting:\n{exc}", code=2)
     overrides = {k: v for k, v in {"mlflow_port": mlflow_port, "dagster_port": dagster_port,
                                    "admin_port": admin_port, "router_port": router_port}.items() if v is not None}
     if overrides:
@@ -163,6 +166,44 @@ def endpoints_show(name: str) -> None:
     if spec is None:
         _fail(f"no endpoint named {name!r}; `modelplane endpoints list` shows what exists")
     print(spec.model_dump_json(indent=2))
+
+
+def status_lines(name: str, revision) -> list[str]:
+    """What ``endpoints status`` prints for an endpoint and the revision taking its traffic (None: none).
+
+    >>> from types import SimpleNamespace as R
+    >>> status_lines("gec", R(id="gec-gec-v1-1", partition_key="gec.v1", state="serving", desired_replicas=1,
+    ...     details={"checkpoint": "int8-w8a8-channel", "eval_gate": "passed", "hardware_profile": "cpu/X/2cpu",
+    ...              "cpu_amx": "absent"}))[:2]
+    ['gec: serving revision gec-gec-v1-1 (gec.v1), state serving, 1 replica(s)', '  checkpoint: int8-w8a8-channel']
+    """
+    if revision is None:
+        return [f"{name}: no revision takes its traffic (no version deployed yet, or every deploy failed; "
+                "see the deploy runs in the Dagster UI)"]
+    details = revision.details
+    lines = [f"{name}: serving revision {revision.id} ({revision.partition_key}), state {revision.state}, "
+             f"{revision.desired_replicas} replica(s)"]
+    if "checkpoint" in details:
+        lines.append(f"  checkpoint: {details['checkpoint']}")
+    if "eval_gate" in details:
+        lines.append(f"  eval gate: {details['eval_gate']}")
+        lines += [f"    - {reason}" for reason in details.get("eval_gate_reasons", [])]
+    if "hardware_profile" in details:
+        lines.append(f"  hardware: {details['hardware_profile']} (AMX: {details.get('cpu_amx', 'unknown')})")
+    return lines
+
+
+@endpoints_app.command("status")
+def endpoints_status(name: str) -> None:
+    """Which revision serves an endpoint, from which checkpoint, and what the eval gate decided."""
+    from controlplane.revisions import RevisionStore
+
+    settings = Settings.from_env()
+    if _stores(settings).get(name) is None:
+        _fail(f"no endpoint named {name!r}; `modelplane endpoints list` shows what exists")
+    revisions = RevisionStore(db.make_engine(settings.database_url))
+    revision_id = revisions.traffic().get(name)
+    print("\n".join(status_lines(name, revisions.get(revision_id) if revision_id else None)))
 
 
 @endpoints_app.command("delete")

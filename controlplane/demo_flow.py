@@ -118,6 +118,18 @@ GEC_QUESTION = "Correct the grammar: she go to school yesterday."
 IRIS_ROWS = [[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]]
 
 
+def print_serving(settings: Settings, console: Console, endpoints: list[str]) -> None:
+    """What serves each endpoint: revision, checkpoint, the eval gate's verdict, hardware."""
+    from controlplane.cli import status_lines
+    from controlplane.revisions import RevisionStore
+
+    revisions = RevisionStore(db.make_engine(settings.database_url))
+    traffic = revisions.traffic()
+    for name in endpoints:
+        for line in status_lines(name, revisions.get(traffic[name]) if name in traffic else None):
+            console.print(line, highlight=False)
+
+
 def ask_both_endpoints(settings: Settings, console: Console) -> bool:
     """Create a token for the demo endpoints and ask each one a question through the router."""
     from openai import OpenAI
@@ -165,6 +177,7 @@ def run_demo(settings: Settings, console: Console, keep_running: bool = True) ->
         console.print(("[bold green]deploy runs succeeded[/bold green]" if ok else "[red]a deploy run failed[/red]")
                       + f"; see {settings.dagster_url}/runs")
         if ok:
+            print_serving(settings, console, list(versions))
             ok = ask_both_endpoints(settings, console)
         if keep_running:
             console.print("the platform keeps running; Ctrl-C stops it")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import Engine, select
@@ -25,11 +25,12 @@ class Revision:
     desired_replicas: int
     state: str
     created_at: datetime
+    details: dict = field(default_factory=dict)  # checkpoint, eval gate verdict, hardware (assets.served_endpoint)
 
 
 def _revision(row: RevisionRow) -> Revision:
     return Revision(row.id, row.endpoint, row.partition_key, row.model_dir, row.runtime, dict(row.runtime_config),
-                    row.desired_replicas, row.state, row.created_at)
+                    row.desired_replicas, row.state, row.created_at, dict(row.details or {}))
 
 
 class RevisionStore:
@@ -38,7 +39,7 @@ class RevisionStore:
         self._now = now
 
     def create(self, endpoint: str, partition_key: str, model_dir: str, runtime: str, runtime_config: dict,
-               replicas: int) -> Revision:
+               replicas: int, details: dict | None = None) -> Revision:
         """A new pending revision ``<endpoint>-<partition>-<n>`` (n counts redeploys of one version)."""
         now = self._now()
         with Session(self._engine) as session, session.begin():
@@ -46,7 +47,8 @@ class RevisionStore:
                                                                 RevisionRow.partition_key == partition_key)).all()
             row = RevisionRow(id=f"{endpoint}-{partition_key.replace('.', '-')}-{len(taken) + 1}", endpoint=endpoint, partition_key=partition_key,
                               model_dir=model_dir, runtime=runtime, runtime_config=runtime_config,
-                              desired_replicas=replicas, state="pending", created_at=now, updated_at=now)
+                              details=details or {}, desired_replicas=replicas, state="pending", created_at=now,
+                              updated_at=now)
             session.add(row)
             session.flush()
             return _revision(row)

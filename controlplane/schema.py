@@ -56,6 +56,8 @@ class RevisionRow(Base):
     model_dir: Mapped[str] = mapped_column(Text)
     runtime: Mapped[str] = mapped_column(String(16))
     runtime_config: Mapped[dict] = mapped_column(JSON)
+    # What it serves and why: checkpoint label, eval gate verdict and reasons, hardware profile, AMX state.
+    details: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     desired_replicas: Mapped[int] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(16), index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -3,8 +3,10 @@ into the quantization environment, the supervisor's vLLM replicas and vLLM for t
 
 A tiny Llama version goes through source → INT8 W8A8 checkpoint → gate → served; a second
 version whose quantized scales were damaged fails the gate, nothing downstream runs and the
-endpoint keeps answering from the first; an FP8 checkpoint is produced, loads on the CPU
-engine and passes the gate; the spec's switches change the saved recipe.
+endpoint keeps answering from the first; a first version whose candidate is refused serves
+its unquantized baseline (``eval_gate.on_failure: serve_baseline``, the default) or nothing
+(``block``); an FP8 checkpoint is produced, loads on the CPU engine and passes the gate; the
+spec's switches change the saved recipe.
 """
 
 import json
@@ -58,15 +60,15 @@ class Deployment:
         self.thread = threading.Thread(target=self.supervisor.run, args=(self.stop,), daemon=True)
         self.thread.start()
 
-    def register(self, checkpoint: Path) -> str:
+    def register(self, checkpoint: Path, model: str = "tiny-llm") -> str:
         from demo.tiny_llama import log_tiny_llama
 
-        version = str(log_tiny_llama(self.uri, checkpoint, registered_model_name="tiny-llm").version)
-        self.mlflow.set_registered_model_alias("tiny-llm", "champion", version)
+        version = str(log_tiny_llama(self.uri, checkpoint, registered_model_name=model).version)
+        self.mlflow.set_registered_model_alias(model, "champion", version)
         return version
 
-    def deploy(self, version: str, *, worker: Path | None = None, assets=None):
-        key = f"tiny-llm.v{version}"
+    def deploy(self, version: str, *, worker: Path | None = None, assets=None, model: str = "tiny-llm"):
+        key = f"{model}.v{version}"
         self.instance.add_dynamic_partitions("model_versions", [key])
         quantizer = QuantizerResource(python=str(QUANTIZE_PYTHON), **({"worker": str(worker)} if worker else {}))
         return materialize(
@@ -87,9 +89,10 @@ class Deployment:
 
         return LocalCluster(self.engine)
 
-    def serving_revision(self):
+    def serving_revision(self, endpoint: str = "tiny"):
         revisions = RevisionStore(self.engine)
-        return revisions.get(revisions.traffic()["tiny"])
+        revision_id = revisions.traffic().get(endpoint)
+        return revisions.get(revision_id) if revision_id else None
 
     def close(self) -> None:
         self.stop.set()
@@ -115,9 +118,9 @@ def check_of(result):
     return evaluation
 
 
-def chat(url: str) -> httpx.Response:
+def chat(url: str, model: str = "tiny") -> httpx.Response:
     return httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
-        "model": "tiny", "messages": [{"role": "user", "content": "she go to school."}], "max_tokens": 8,
+        "model": model, "messages": [{"role": "user", "content": "she go to school."}], "max_tokens": 8,
         "temperature": 0})
 
 
@@ -177,6 +180,49 @@ def test_a_damaged_checkpoint_fails_the_gate_and_never_takes_traffic(deployment)
     assert chat(replica.url).status_code == 200
 
 
+def test_a_first_version_whose_candidate_is_refused_serves_its_unquantized_baseline(deployment, monkeypatch):
+    from typer.testing import CliRunner
+
+    from controlplane.cli import app
+
+    deployment.specs.put(parse_spec(SPEC.replace("name: tiny\nmodel: models:/tiny-llm@", "name: first\n"
+                                                 "model: models:/tiny-first@")))
+    version = deployment.register(deployment.checkpoint, model="tiny-first")
+    result = deployment.deploy(version, worker=REPO / "tests" / "damaging_quantizer.py", model="tiny-first")
+
+    assert result.success, [e.message for e in result.all_events if e.is_failure]
+    evaluation = check_of(result)
+    assert not evaluation.passed and evaluation.severity.value == "WARN"  # refused, and visible in the run
+    assert "serves the unquantized baseline" in str(evaluation.metadata["decision"].value)
+    quantized = result.output_for_node("quantized_checkpoint")
+    revision = deployment.serving_revision("first")
+    assert revision.model_dir == quantized["source_dir"] != quantized["serve_dir"]
+    assert revision.details["checkpoint"].startswith("baseline (unquantized; the gate refused int8-w8a8-channel")
+    assert revision.details["eval_gate_reasons"]
+    [replica] = [r for r in deployment.cluster().replicas(revision.id) if r.ready]
+    assert chat(replica.url, model="first").status_code == 200
+    monkeypatch.setenv("MODELPLANE_DATABASE_URL", deployment.database_url)
+    shown = CliRunner().invoke(app, ["endpoints", "status", "first"])
+    assert shown.exit_code == 0, shown.output
+    assert "refused int8-w8a8-channel, serving the unquantized baseline" in shown.output
+    assert "eval_gate.max_nll_increase" in shown.output or "eval_gate.min_agreement" in shown.output
+    print(shown.output)  # docs/quantization.md shows this output
+
+
+def test_with_on_failure_block_a_refused_first_version_serves_nothing(deployment):
+    deployment.specs.put(parse_spec(SPEC.replace("name: tiny\nmodel: models:/tiny-llm@", "name: blocked\n"
+                                                 "model: models:/tiny-blocked@")
+                                    + "eval_gate: {on_failure: block}\n"))
+    version = deployment.register(deployment.checkpoint, model="tiny-blocked")
+    result = deployment.deploy(version, worker=REPO / "tests" / "damaging_quantizer.py", model="tiny-blocked")
+
+    assert not result.success
+    evaluation = check_of(result)
+    assert not evaluation.passed and evaluation.severity.value == "ERROR"
+    assert "eval_gate.on_failure: block" in str(evaluation.metadata["decision"].value)
+    assert deployment.serving_revision("blocked") is None
+
+
 def test_an_fp8_checkpoint_is_produced_loads_on_the_cpu_engine_and_passes(deployment):
     deployment.specs.put(parse_spec(SPEC + "quantization: {scheme: fp8}\n"))
     try:
@@ -221,7 +267,7 @@ def test_a_sweep_that_cannot_give_a_model_fails_with_its_reason_and_writes_nothi
     deployment.specs.put(parse_spec(one_shape))
     try:
         version = deployment.champion()
-        result = deployment.deploy(version, assets=[source_model, quantized_checkpoint, cost_model])
+        result = deployment.deploy(version, assets=[source_model, quantized_checkpoint, eval_gate, cost_model])
     finally:
         deployment.specs.put(parse_spec(SPEC))
     assert not result.success

@@ -1,0 +1,23 @@
+"""Revision details: what a revision serves and why (checkpoint, eval gate verdict, hardware, AMX).
+
+Revision ID: 0004
+Revises: 0003
+Create Date: 2026-12-01
+"""
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0004"
+down_revision = "0003"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("revisions") as batch:
+        batch.add_column(sa.Column("details", sa.JSON(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("revisions") as batch:
+        batch.drop_column("details")
