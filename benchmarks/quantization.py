@@ -116,7 +116,8 @@ def main() -> None:
     for name, run in runs.items():
         decision = decide(run["result"], baseline, None, thresholds, data)
         quality[name] = {"task": run["result"].task, "nll": round(run["result"].nll, 5),
-                         "gate_passed": decision.passed, "checks": [c.summary for c in decision.checks]}
+                         "gate_passed": decision.passed, "checks": [c.summary for c in decision.checks],
+                         "paired": {c.name: c.paired.to_json() for c in decision.checks if c.paired}}
         print(f"{name}: {decision.summary()}", flush=True)
 
     key = "server_output_tokens_per_s"
