@@ -16,6 +16,7 @@ the endpoint keeps serving the one it had.
 
 import time
 from collections.abc import Callable, Generator
+from pathlib import Path
 from dataclasses import dataclass
 
 import httpx
@@ -30,6 +31,7 @@ from controlplane.revisions import RevisionStore
 from controlplane.specs import Runtime
 from pipelines.registry import parse_partition_key
 from pipelines.resources import ClusterResource, ControlPlaneResource, RegistryResource
+from serving.runtime.model_layout import locate
 from serving.runtime.registry import runtime_for
 
 CRASH_LOOP_RESTARTS = 3
@@ -160,6 +162,8 @@ def served_endpoint(
     details = {"checkpoint": checkpoint.label, "quantized": checkpoint.quantized, "eval_gate": checkpoint.gate,
                "eval_gate_reasons": list(checkpoint.reasons), "hardware_profile": profile.key, "cpu_amx": profile.amx,
                "target_concurrency": cost_model["target_concurrency"]}
+    if quantized_checkpoint["is_llm"]:  # the router bounds max_tokens by it
+        details["context_tokens"] = locate(Path(checkpoint.model_dir)).context_tokens
     if checkpoint.reasons:
         context.log.warning(f"{model} v{version}: {checkpoint.gate}")
     served = []

@@ -18,12 +18,17 @@ from aiohttp import web
 class FakeReplica:
     def __init__(self, name: str, behaviour: str = "ok") -> None:
         self.name = name
-        self.behaviour = behaviour  # "ok" | "close" (drop the connection before answering)
+        # "ok" | "close" (drop the connection after reading the request, before answering) |
+        # "stall" (read the request, never answer) | "huge" (answer with a body of ``huge_bytes``) |
+        # "cut" (stream two chunks, then drop the connection)
+        self.behaviour = behaviour
+        self.huge_bytes = 4 << 20
         self.requests: list[tuple[str, dict]] = []
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
         self._started = threading.Event()
+        self._stopping: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._serve, daemon=True)
 
     @property
@@ -36,12 +41,14 @@ class FakeReplica:
         return self
 
     def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._stopping.set)  # stalled handlers give up
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
+        self._stopping = asyncio.Event()
         app = web.Application()
         app.router.add_post("/invocations", self._invocations)
         app.router.add_post("/v1/chat/completions", self._openai)
@@ -56,9 +63,14 @@ class FakeReplica:
         self._loop.run_forever()
 
     async def _maybe_close(self, request: web.Request) -> None:
+        if self.behaviour in ("close", "stall"):
+            self.requests.append((request.path, await request.json()))  # it reached the replica
         if self.behaviour == "close":
             request.transport.close()
             raise ConnectionResetError("closed before answering")
+        if self.behaviour == "stall":
+            await self._stopping.wait()
+            raise ConnectionResetError("stopped while stalling")
 
     async def _invocations(self, request: web.Request) -> web.StreamResponse:
         await self._maybe_close(request)
@@ -71,6 +83,14 @@ class FakeReplica:
         await self._maybe_close(request)
         payload = await request.json()
         self.requests.append((request.path, payload))
+        if self.behaviour == "huge":
+            return web.Response(body=b"x" * self.huge_bytes, content_type="application/json")
+        if self.behaviour == "cut":
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await response.write(b"data: {}\n\n")
+            request.transport.close()
+            return response
         if not payload.get("stream"):
             return web.json_response({"object": "chat.completion", "model": payload["model"], "replica": self.name,
                                       "choices": [{"message": {"role": "assistant", "content": "She goes."}}],

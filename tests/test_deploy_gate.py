@@ -157,6 +157,7 @@ def test_the_served_version_has_a_cost_model_for_this_hardware_that_the_router_r
     assert level["beta_ms_per_output_token"] > 0  # decoding a token takes time
     route = load_table(deployment.engine, hardware).endpoints["tiny"]
     assert route.cost is not None and route.cost.concurrency == profile.target_concurrency
+    assert route.context_tokens == 512  # the tiny Llama's context, from the revision: it bounds max_tokens
     assert load_table(deployment.engine, "cuda/Some GPUx1").endpoints["tiny"].cost is None  # never across hardware
     run = deployment.mlflow.search_runs([deployment.mlflow.get_experiment_by_name("modelplane-demo").experiment_id],
                                         "tags.`modelplane.kind` = 'cost_model'")

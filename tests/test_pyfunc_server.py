@@ -81,6 +81,8 @@ def test_only_json_content_types_are_accepted(content_type, accepted):
     (encode({"dataframe_split": [[1]]}), "must be an object with 'data'"),
     (encode({"dataframe_split": {"rows": [[1]]}}), "got keys ['rows']"),
     (encode({"dataframe_records": {"a": 1}}), "must be a list of records"),
+    (b"[" * 5000 + b"]" * 5000, "nested more than 32 levels"),
+    (b'{"instances": ' + b"[" * 40 + b"1" + b"]" * 40 + b"}", "nested more than 32 levels"),
 ])
 def test_a_malformed_envelope_is_a_400_that_says_what_to_send(body, message):
     with pytest.raises(InvocationError) as error:
@@ -508,6 +510,7 @@ def test_every_input_format_predicts_what_the_model_itself_predicts(server, iris
      "Failed to convert column sepal length (cm) to type 'float64'"),
     (encode(split([[5.1, None, 1.4, 0.2]])), "application/json", 422, "missing (null/NaN) values in ['sepal width"),
     (b"a,b\n1,2\n", "text/csv", 415, "send 'application/json'"),
+    (b'{"inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}", "application/json", 400, "nested more than 32 levels"),
 ])
 def test_bad_input_gets_a_4xx_that_names_the_problem(server, content, content_type, status, message):
     response = invoke(server, content=content, content_type=content_type)

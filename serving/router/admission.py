@@ -10,14 +10,11 @@ import json
 from dataclasses import dataclass
 
 from controlplane.tokens import Grant, token_sha256
+from serving.router.errors import RouterError
+from serving.router.limits import RequestLimits, check_llm_fields, parse_json_object
 from serving.router.table import EndpointRoute, RoutingTable
 
-
-class RouterError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.headers = headers or {}
+__all__ = ["RouterError", "Upstream", "authenticate", "authorize", "for_invocations", "for_openai", "openai_endpoint"]
 
 
 @dataclass(frozen=True)
@@ -44,11 +41,17 @@ def authenticate(authorization: str | None, table: RoutingTable) -> Grant:
 
 
 def authorize(grant: Grant, endpoint: str, table: RoutingTable, retry_after_s: int) -> EndpointRoute:
+    """The endpoint's route, for a token that may call it.
+
+    A token that may not call an endpoint gets the same 403 whether or not the endpoint
+    exists, so tokens cannot be used to list endpoints; only one allowed to call it (or an
+    admin token) learns that it does not exist.
+    """
+    if not grant.allows(endpoint):
+        raise RouterError(403, f"token {grant.token_id} may not call endpoint {endpoint!r}")
     route = table.endpoints.get(endpoint)
     if route is None:
         raise RouterError(404, f"no endpoint named {endpoint!r}")
-    if not grant.allows(endpoint):
-        raise RouterError(403, f"token {grant.token_id} may not call endpoint {endpoint!r}")
     if not route.replicas:
         why = "its replicas are starting" if route.starting else "no revision is serving it yet"
         raise RouterError(503, f"endpoint {endpoint!r} has no ready replica: {why}; retry shortly",
@@ -56,22 +59,13 @@ def authorize(grant: Grant, endpoint: str, table: RoutingTable, retry_after_s: i
     return route
 
 
-def parse_json_object(body: bytes) -> dict:
-    try:
-        payload = json.loads(body)
-    except ValueError as exc:
-        raise RouterError(400, f"body is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise RouterError(400, "body must be a JSON object")
-    return payload
-
-
-def for_invocations(route: EndpointRoute, body: bytes) -> Upstream:
+def for_invocations(route: EndpointRoute, body: bytes, limits: RequestLimits) -> Upstream:
     """``/serving-endpoints/{name}/invocations``: MLflow scoring for classic models; for LLMs a
     chat (``messages``) or completion (``prompt``) request."""
-    payload = parse_json_object(body)
     if route.runtime == "pyfunc":
+        parse_json_object(body, limits, allow_non_finite=True)  # NaN: pandas' missing value
         return Upstream(route, "/invocations", body, stream=False)
+    payload = parse_json_object(body, limits, allow_non_finite=False)
     if "messages" in payload:
         path = "/v1/chat/completions"
     elif "prompt" in payload:
@@ -79,20 +73,23 @@ def for_invocations(route: EndpointRoute, body: bytes) -> Upstream:
     else:
         raise RouterError(400, f"endpoint {route.name!r} serves an LLM: send {{\"messages\": [...]}} (chat) "
                                "or {\"prompt\": \"...\"} (completion)")
-    payload["model"] = route.name
+    payload = check_llm_fields(payload, route.context_tokens, limits) | {"model": route.name}
     return Upstream(route, path, json.dumps(payload).encode(), stream=bool(payload.get("stream")), payload=payload)
 
 
-def openai_endpoint(body: bytes) -> tuple[str, dict]:
+def openai_endpoint(body: bytes, limits: RequestLimits) -> tuple[str, dict]:
     """The endpoint an OpenAI-style request names in ``model``."""
-    payload = parse_json_object(body)
+    payload = parse_json_object(body, limits, allow_non_finite=False)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise RouterError(400, "'model' is required: the endpoint name, e.g. \"gec\"")
     return model, payload
 
 
-def for_openai(route: EndpointRoute, path: str, payload: dict, body: bytes) -> Upstream:
+def for_openai(route: EndpointRoute, path: str, payload: dict, body: bytes, limits: RequestLimits) -> Upstream:
     if route.runtime != "vllm":
         raise RouterError(400, f"endpoint {route.name!r} is not an LLM; call /serving-endpoints/{route.name}/invocations")
-    return Upstream(route, path, body, stream=bool(payload.get("stream")), payload=payload)
+    checked = check_llm_fields(payload, route.context_tokens, limits)
+    if len(checked) != len(payload):  # a field was stripped: send what was checked, not what came
+        body = json.dumps(checked).encode()
+    return Upstream(route, path, body, stream=bool(checked.get("stream")), payload=checked)

@@ -2,7 +2,13 @@
 
 Routes parse, call :mod:`serving.router.admission`, then :class:`Proxy`. The table of
 endpoints, replicas and tokens is refreshed in the background every
-``refresh_interval_s`` and swapped in whole.
+``refresh_interval_s`` and swapped in whole; a request takes the table only once its body
+has been read, so a slow upload never lands on a replica retired meanwhile.
+
+A request moves to another replica only when it cannot have reached the first (the
+connection was refused or could not be made in time). Once it was sent, a replica that
+stops answering is a 504 and one that closes the connection a 502: a generation never
+runs twice.
 """
 
 from __future__ import annotations
@@ -76,8 +82,8 @@ class Proxy:
         # request_timeout_s between two reads is what times out.
         timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s,
                                         sock_read=self.config.request_timeout_s)
-        self.session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0),
-                                             auto_decompress=False)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=self.config.keepalive_timeout_s)
+        self.session = aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False)
 
     async def close(self) -> None:
         if self.session is not None:
@@ -109,20 +115,40 @@ class Proxy:
                 response = await self.session.post(f"{url}{upstream.path}", data=upstream.body,
                                                    headers={"Content-Type": "application/json",
                                                             "Accept-Encoding": "identity"})
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
-                # Nothing came back (refused, reset, or closed before the status line): safe to retry.
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                # No connection was made, so the replica never saw the request: safe to try another.
                 self._release(url, units)
                 last_error = f"{type(exc).__name__}: {exc}"
-                log.warning("replica %s failed before answering (%s); trying another", url, last_error)
+                log.warning("replica %s could not be reached (%s); trying another", url, last_error)
                 continue
             except BaseException as exc:
                 self._release(url, units)
-                if isinstance(exc, aiohttp.ClientError):
-                    raise RouterError(502, f"replica of {upstream.route.name!r} answered badly: {exc}") from None
-                raise
+                raise self._after_sending(upstream, exc) from None
             return await self._relay(url, response, upstream, units, sent)
         raise RouterError(503, f"no replica of {upstream.route.name!r} could be reached ({last_error}); retry shortly",
                           {"Retry-After": str(self.config.retry_after_s)})
+
+    def _after_sending(self, upstream: Upstream, exc: BaseException) -> BaseException:
+        """The error for a replica that failed once it may have received the request (never retried)."""
+        name = upstream.route.name
+        if isinstance(exc, asyncio.TimeoutError):
+            return RouterError(504, f"replica of {name!r} stopped answering for {self.config.request_timeout_s:.0f} s; "
+                                    "the request was not retried, as it may be running there")
+        if isinstance(exc, aiohttp.ClientConnectionError):
+            return RouterError(502, f"replica of {name!r} closed the connection before answering ({exc}); the "
+                                    "request was not retried, as it may have run there")
+        if isinstance(exc, aiohttp.ClientError):
+            return RouterError(502, f"replica of {name!r} answered badly: {exc}")
+        return exc
+
+    async def _read_bounded(self, response: aiohttp.ClientResponse, endpoint: str) -> bytes:
+        limit = self.config.max_response_bytes
+        declared = response.content_length
+        content = None if declared is not None and declared > limit else await _read_all(response, limit)
+        if content is None:
+            raise RouterError(502, f"replica of {endpoint!r} answered with a body larger than {limit} bytes; ask for "
+                                   "less (e.g. fewer rows or tokens) or stream the answer")
+        return content
 
     def _release(self, url: str, units: float) -> None:
         self.in_flight[url] -= units
@@ -153,7 +179,7 @@ class Proxy:
         headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
         if not response.content_type.startswith("text/event-stream"):
             try:
-                content = await response.read()
+                content = await self._read_bounded(response, upstream.route.name)
             except aiohttp.ClientError as exc:
                 raise RouterError(502, f"replica of {upstream.route.name!r} broke off its answer: {exc}") from None
             except asyncio.TimeoutError:
@@ -166,6 +192,7 @@ class Proxy:
             return Response(content, status_code=response.status, headers=headers)
 
         async def chunks():
+            # A stream the replica cuts short ends here; the client sees the body end early.
             try:
                 async for chunk in response.content.iter_any():
                     yield chunk
@@ -177,10 +204,22 @@ class Proxy:
                                  media_type=response.content_type)
 
 
+async def _read_all(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The whole body, or None as soon as it grows past ``limit`` bytes."""
+    chunks, size = [], 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable]) -> Starlette:
     """The router app; ``load_table`` is called off the event loop every refresh interval."""
     metrics = Metrics()
     proxy = Proxy(config, metrics)
+    limits = config.limits()
     # "read_at": when the read that produced the current table began; the table shows the
     # database as it was at that moment or later.
     state = {"table": RoutingTable(), "read_at": -1.0}
@@ -248,8 +287,8 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable]) -> 
         endpoint = "-"
         try:
             grant = await authenticate(request)
-            table = state["table"]
             body = await read_body(request)
+            table = state["table"]  # after the upload: the replicas ready now, not when it began
             endpoint, payload = endpoint_of(request, body)
             route = admission.authorize(grant, endpoint, table, config.retry_after_s)
             upstream = build(route, payload, body)
@@ -268,12 +307,12 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable]) -> 
 
     async def invocations(request: Request) -> Response:
         return await handle(request, lambda r, body: (r.path_params["name"], None),
-                            lambda route, _payload, body: admission.for_invocations(route, body))
+                            lambda route, _payload, body: admission.for_invocations(route, body, limits))
 
     def openai_route(path: str):
         async def route_handler(request: Request) -> Response:
-            return await handle(request, lambda _r, body: admission.openai_endpoint(body),
-                                lambda route, payload, body: admission.for_openai(route, path, payload, body))
+            return await handle(request, lambda _r, body: admission.openai_endpoint(body, limits),
+                                lambda route, payload, body: admission.for_openai(route, path, payload, body, limits))
         return route_handler
 
     async def models(request: Request) -> Response:

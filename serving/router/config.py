@@ -12,8 +12,25 @@ class RouterConfig(BaseModel):
     refresh_interval_s: float = Field(0.5, gt=0, description="How often discovery re-reads replicas, tokens, specs.")
     connect_timeout_s: float = Field(2.0, gt=0, description="TCP connect to a replica.")
     request_timeout_s: float = Field(300.0, gt=0, description="Whole upstream request, first byte to last.")
-    max_attempts: int = Field(3, ge=1, description="Tries per request over distinct replicas (connect failures only).")
+    max_attempts: int = Field(3, ge=1, description="Tries per request over distinct replicas; only connect failures "
+                                                   "are retried, never a request a replica may have received.")
     retry_after_s: int = Field(5, ge=1, description="Retry-After sent with 503 when no replica is ready.")
+    max_response_bytes: int = Field(64 << 20, gt=0, description="Largest non-streamed answer relayed (502 above), "
+                                                              "bytes.")
+    keepalive_timeout_s: float = Field(2.0, gt=0, description="Idle connections to replicas are closed after this, "
+                                       "before the replica's own keep-alive (5 s for uvicorn) can close them under a "
+                                       "request.")
+    max_json_depth: int = Field(32, ge=2, le=512, description="Deepest nesting of a request body (400 above).")
+    max_choices: int = Field(8, ge=1, description="Largest n and best_of of an LLM request.")
+    max_logprobs: int = Field(20, ge=0, description="Largest logprobs, top_logprobs and prompt_logprobs.")
+    default_context_tokens: int = Field(32768, ge=1, description="Bound on max_tokens when the serving revision does "
+                                                                 "not record its model's context length, tokens.")
+
+    def limits(self):
+        from serving.router.limits import RequestLimits
+
+        return RequestLimits(max_json_depth=self.max_json_depth, max_choices=self.max_choices,
+                             max_logprobs=self.max_logprobs, default_context_tokens=self.default_context_tokens)
 
     @model_validator(mode="after")
     def _timeouts_ordered(self) -> "RouterConfig":

@@ -21,6 +21,8 @@ from typing import Any
 
 import msgspec
 
+from serving.json_nesting import depth
+
 DF_SPLIT = "dataframe_split"
 DF_RECORDS = "dataframe_records"
 INSTANCES = "instances"
@@ -29,6 +31,8 @@ INPUT_KEYS = (DF_SPLIT, DF_RECORDS, INSTANCES, INPUTS)
 PARAMS_KEY = "params"
 
 _EXAMPLE = '{"dataframe_split": {"columns": ["x"], "data": [[1.0]]}}'
+# Tensors of rank 30 and dataframes nest far less; a hostile body may nest 100,000 levels.
+MAX_JSON_DEPTH = 32
 _decoder = msgspec.json.Decoder()
 _key_encoder = msgspec.json.Encoder(order="sorted")
 
@@ -86,11 +90,17 @@ def parse_invocation(body: bytes, *, concatenate_frames: bool = True) -> Invocat
     ``concatenate_frames=False`` gives every request its own predict call (for models whose
     predict does not take a DataFrame, e.g. type-hinted PythonModels).
     """
+    too_deep = InvocationError(400, f"The body is nested more than {MAX_JSON_DEPTH} levels deep; no MLflow input "
+                                    "format needs that.")
     try:
         document = _decoder.decode(body)
     except msgspec.DecodeError as exc:
         raise InvocationError(400, f"The body is not valid UTF-8 JSON ({exc}). Send a JSON object such as "
                                    f"{_EXAMPLE}.") from None
+    except RecursionError:
+        raise too_deep from None
+    if depth(document) > MAX_JSON_DEPTH:
+        raise too_deep
     if not isinstance(document, dict):
         raise InvocationError(400, f"The body must be a JSON object with exactly one of {', '.join(INPUT_KEYS)}; "
                                    f"got a JSON {type(document).__name__}. Example: {_EXAMPLE}.")

@@ -1,0 +1,172 @@
+"""Router safety: a generation never runs twice, tenants cannot set what they must not, and every
+malformed or oversized input or answer is a 4xx or 502/504 with a message, never a 500."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.fake_replicas import FakeReplica
+from tests.test_router import (ADMIN_TOKEN, CHAT_BODY, GEC_TOKEN, IRIS_BODY, IRIS_TOKEN, auth, closed_port_url,
+                               make_router, table_for)
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+@pytest.fixture
+def gec(request):
+    """Two gec replicas: the first with the behaviour the test names, the second healthy."""
+    first = FakeReplica("gec-bad", behaviour=request.param).start()
+    second = FakeReplica("gec-ok").start()
+    yield first, second
+    first.stop()
+    second.stop()
+
+
+# ---- a generation never runs twice ----------------------------------------------------------------
+
+@pytest.mark.parametrize("gec, status, words", [
+    ("close", 502, "closed the connection"),  # the request had reached it: retrying could run it twice
+    ("stall", 504, "stopped answering"),
+], indirect=["gec"])
+def test_a_replica_that_got_the_request_and_failed_is_not_retried(gec, status, words):
+    bad, good = gec
+    with make_router(table_for([bad.url], []), request_timeout_s=1.0, connect_timeout_s=0.5) as client:
+        response = client.post("/v1/chat/completions", json=CHAT_BODY, headers=auth(GEC_TOKEN))
+    assert response.status_code == status and words in response.json()["error"]["message"]
+    assert len(bad.requests) == 1
+
+
+@pytest.mark.parametrize("gec", ["close", "stall"], indirect=True)
+def test_a_failure_after_sending_never_moves_the_request_to_another_replica(gec):
+    bad, good = gec
+    with make_router(table_for([bad.url, good.url], []), request_timeout_s=1.0, connect_timeout_s=0.5) as client:
+        answers = [client.post("/v1/chat/completions", json=CHAT_BODY, headers=auth(GEC_TOKEN)) for _ in range(8)]
+    failed = [a for a in answers if a.status_code != 200]
+    assert failed and len(failed) == len(bad.requests)  # each one reached the bad replica, and only it
+    assert len(good.requests) == 8 - len(failed)
+
+
+def test_connection_refused_is_still_retried_on_another_replica():
+    good = FakeReplica("gec-ok").start()
+    try:
+        with make_router(table_for([closed_port_url(), good.url], [])) as client:
+            answers = [client.post("/v1/completions", json={"model": "gec", "prompt": "x"}, headers=auth(GEC_TOKEN))
+                       for _ in range(6)]
+    finally:
+        good.stop()
+    assert [a.status_code for a in answers] == [200] * 6
+
+
+@pytest.mark.parametrize("gec", ["huge"], indirect=True)
+def test_an_oversize_buffered_answer_is_a_502_with_a_message(gec):
+    bad, _ = gec
+    with make_router(table_for([bad.url], []), max_response_bytes=1 << 20) as client:
+        response = client.post("/v1/chat/completions", json=CHAT_BODY, headers=auth(GEC_TOKEN))
+    assert response.status_code == 502
+    assert "larger than 1048576 bytes" in response.json()["error"]["message"]
+
+
+# ---- what tenants must not control ------------------------------------------------------------------
+
+@pytest.fixture
+def one_gec():
+    replica = FakeReplica("gec-0").start()
+    yield replica
+    replica.stop()
+
+
+def test_priority_is_stripped_before_the_engine_sees_it(one_gec):
+    with make_router(table_for([one_gec.url], [])) as client:
+        for path, body in (("/v1/chat/completions", CHAT_BODY | {"priority": -(2**63)}),
+                           ("/serving-endpoints/gec/invocations", {"prompt": "x", "priority": -5})):
+            assert client.post(path, json=body, headers=auth(GEC_TOKEN)).status_code == 200
+    assert len(one_gec.requests) == 2
+    assert all("priority" not in body for _, body in one_gec.requests)
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("max_tokens", 10**9, "max_tokens"),
+    ("max_tokens", 0, "max_tokens"),
+    ("max_completion_tokens", 600, "max_completion_tokens"),
+    ("n", 100, "'n'"),
+    ("best_of", 64, "best_of"),
+    ("logprobs", 1000, "logprobs"),
+    ("top_logprobs", 50, "top_logprobs"),
+    ("max_tokens", "12", "max_tokens"),
+    ("n", True, "'n'"),
+])
+def test_request_sizes_are_bounded_by_the_context_and_documented_limits(one_gec, field, value, words):
+    table = table_for([one_gec.url], [])
+    table.endpoints["gec"] = table.endpoints["gec"].__class__(**{**table.endpoints["gec"].__dict__,
+                                                                 "context_tokens": 512})
+    with make_router(table) as client:
+        response = client.post("/v1/completions", json={"model": "gec", "prompt": "x", field: value},
+                               headers=auth(GEC_TOKEN))
+    assert response.status_code == 400 and words in response.json()["error"]["message"]
+    assert one_gec.requests == []
+
+
+@pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-Infinity"])
+def test_non_finite_numbers_are_a_400_naming_the_field(one_gec, number):
+    with make_router(table_for([one_gec.url], [])) as client:
+        response = client.post("/v1/completions", content=b'{"model": "gec", "prompt": "x", "temperature": '
+                               + number + b"}", headers=auth(GEC_TOKEN) | {"Content-Type": "application/json"})
+    assert response.status_code == 400 and "temperature" in response.json()["error"]["message"]
+
+
+def test_model_unit_accounting_stays_finite_whatever_the_request_says(one_gec):
+    from serving.router.cost import RouteCost
+
+    table = table_for([one_gec.url], [])
+    priced = RouteCost(alpha_ms_per_input_token=0.5, beta_ms_per_output_token=20.0, gamma_ms=30.0, concurrency=4)
+    table.endpoints["gec"] = table.endpoints["gec"].__class__(**{**table.endpoints["gec"].__dict__, "cost": priced})
+    with make_router(table) as client:
+        body = {"model": "gec", "prompt": [[1] * 10] * 10, "max_tokens": 100}
+        assert client.post("/v1/completions", json=body, headers=auth(GEC_TOKEN)).status_code == 200
+        metrics = client.get("/metrics").text
+    assert "nan" not in metrics.lower() and "inf\n" not in metrics.lower()
+
+
+# ---- malformed input ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path, token", [
+    ("/serving-endpoints/iris/invocations", IRIS_TOKEN),
+    ("/serving-endpoints/gec/invocations", GEC_TOKEN),
+    ("/v1/chat/completions", GEC_TOKEN),
+])
+@pytest.mark.parametrize("body", [nested(5000), b'{"model": "gec", "messages": ' + nested(100) + b"}"])
+def test_deeply_nested_json_is_a_400_not_a_500(path, token, body):
+    with make_router(table_for([closed_port_url()], [closed_port_url()])) as client:
+        response = client.post(path, content=body, headers=auth(token) | {"Content-Type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert "nested" in response.json()["error"]["message"]
+
+
+def test_a_token_without_access_gets_the_same_answer_whether_or_not_the_endpoint_exists():
+    with make_router(table_for([], [])) as client:
+        exists = client.post("/serving-endpoints/iris/invocations", json=IRIS_BODY, headers=auth(GEC_TOKEN))
+        missing = client.post("/serving-endpoints/nope/invocations", json=IRIS_BODY, headers=auth(GEC_TOKEN))
+        admin_missing = client.post("/serving-endpoints/nope/invocations", json=IRIS_BODY, headers=auth(ADMIN_TOKEN))
+    assert exists.status_code == missing.status_code == 403
+    assert (exists.json()["error"]["message"].replace("iris", "X")
+            == missing.json()["error"]["message"].replace("nope", "X"))
+    assert admin_missing.status_code == 404  # a token that may call every endpoint learns it does not exist
+
+
+@pytest.mark.parametrize("gec", ["cut"], indirect=True)
+def test_a_stream_cut_mid_body_ends_the_stream_without_a_500(gec):
+    bad, _ = gec
+    with make_router(table_for([bad.url], [])) as client:
+        with client.stream("POST", "/v1/chat/completions", json=CHAT_BODY | {"stream": True},
+                           headers=auth(GEC_TOKEN)) as response:
+            assert response.status_code == 200
+            chunks = []
+            with pytest.raises(Exception):  # noqa: B017 - the body ends abruptly: the client sees a broken stream
+                for chunk in response.iter_bytes():
+                    chunks.append(chunk)
+    assert b"".join(chunks).startswith(b"data: {}")
+    assert len(bad.requests) == 1
