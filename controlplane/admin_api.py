@@ -3,6 +3,11 @@
 Routes are thin: they read the request, call :class:`WebhookReceiver` or a store, and map
 the result (or a :class:`~controlplane.webhooks.WebhookRejected`) to a response. Run it with
 ``python -m controlplane.admin_api`` (``modelplane up`` does).
+
+Who may call what: ``/healthz`` anyone; ``/webhooks/mlflow`` whoever signs the delivery with
+the webhook secret (MLflow sends no bearer token); every other route a bearer token with the
+``admin`` scope (``modelplane tokens create --admin``): 401 without a known token, 403 for a
+token without the scope.
 """
 
 from __future__ import annotations
@@ -11,11 +16,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import Engine, text
 
 from controlplane.store import EndpointStore, WebhookInbox
+from controlplane.tokens import TokenStore
 from controlplane.webhooks import EVENTS, MAX_BODY_BYTES, WebhookRejected, verify
 
 
@@ -64,9 +70,26 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def admin_grant(tokens: TokenStore, authorization: str | None) -> None:
+    """Raise :class:`WebhookRejected` (401/403) unless ``authorization`` carries a token with the admin scope."""
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise WebhookRejected(401, "send 'Authorization: Bearer <admin token>' "
+                                   "(create one with `modelplane tokens create --admin`)")
+    grant = tokens.verify(token.strip())
+    if grant is None:
+        raise WebhookRejected(401, "unknown or revoked token")
+    if not grant.admin:
+        raise WebhookRejected(403, f"token {grant.token_id} needs the admin scope for the admin API")
+
+
 def create_app(engine: Engine, receiver: WebhookReceiver, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     app = FastAPI(title="modelplane admin API", version="0.1.0")
     endpoints = EndpointStore(engine)
+    tokens = TokenStore(engine)
+
+    def require_admin(request: Request) -> None:
+        admin_grant(tokens, request.headers.get("authorization"))
 
     @app.exception_handler(WebhookRejected)
     async def _rejected(_request: Request, exc: WebhookRejected) -> JSONResponse:
@@ -83,11 +106,11 @@ def create_app(engine: Engine, receiver: WebhookReceiver, max_body_bytes: int = 
         body = await _read_body(request, max_body_bytes)
         return receiver.receive(dict(request.headers), body)
 
-    @app.get("/endpoints")
+    @app.get("/endpoints", dependencies=[Depends(require_admin)])
     def list_endpoints() -> list[dict]:
         return [spec.model_dump(mode="json") for spec in endpoints.list()]
 
-    @app.get("/endpoints/{name}")
+    @app.get("/endpoints/{name}", dependencies=[Depends(require_admin)])
     def show_endpoint(name: str):
         spec = endpoints.get(name)
         if spec is None:

@@ -150,19 +150,25 @@ def endpoints_create(file: Path = typer.Option(..., "-f", "--file", help="YAML e
 
 @endpoints_app.command("list")
 def endpoints_list() -> None:
-    """List stored endpoint specs."""
-    specs = _stores(Settings.from_env()).list()
+    """List stored endpoint specs (and any that no longer validate)."""
+    store = _stores(Settings.from_env())
+    specs = store.list()
     table = Table("name", "model", "runtime", "replicas", "p99 SLO (ms)")
     for spec in specs:
         table.add_row(spec.name, spec.model, spec.runtime.value,
                       f"{spec.scaling.min_replicas}–{spec.scaling.max_replicas}", f"{spec.slo.p99_latency_ms:g}")
     console.print(table)
+    for name, why in store.invalid():
+        errors.print(f"[yellow]{name}: stored spec no longer validates and is skipped:[/yellow] {why}", highlight=False)
 
 
 @endpoints_app.command("show")
 def endpoints_show(name: str) -> None:
     """Print one spec as JSON."""
-    spec = _stores(Settings.from_env()).get(name)
+    try:
+        spec = _stores(Settings.from_env()).get(name)
+    except SpecError as exc:
+        _fail(str(exc))
     if spec is None:
         _fail(f"no endpoint named {name!r}; `modelplane endpoints list` shows what exists")
     print(spec.model_dump_json(indent=2))

@@ -21,8 +21,12 @@ ENDPOINT_NAME = r"^[a-z0-9]([a-z0-9\-]{0,61}[a-z0-9])?$"
 MAX_SPEC_BYTES = 64 * 1024
 
 
+MAX_REPLICAS = 256  # per endpoint; a larger fleet is several endpoints or a raised limit in code
+MAX_SWEEP_S = 3600.0  # the longest a cost-model sweep may take (points × max_point_s)
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Runtime(str, Enum):
@@ -107,8 +111,17 @@ class CostModelSweep(_Strict):
         [16, 48], min_length=1, max_length=8, description="LLMs: output lengths to sweep, tokens.")
     concurrency: list[Annotated[int, Field(ge=1, le=1024)]] = Field(
         [1, 4, 8, 16], min_length=1, max_length=12, description="Requests in flight per replica to sweep.")
-    requests_per_point: int = Field(8, ge=1, le=10000, description="Least requests sent at each point.")
+    requests_per_point: int = Field(8, ge=1, le=1000, description="Least requests sent at each point.")
     max_point_s: float = Field(9.0, gt=0, le=600, description="Time budget of one point, seconds.")
+
+    @model_validator(mode="after")
+    def _bounded_duration(self) -> "CostModelSweep":
+        points = len(self.input_tokens) * len(self.output_tokens) * len(self.concurrency)
+        if points * self.max_point_s > MAX_SWEEP_S:
+            raise ValueError(f"the sweep could take up to {points} points × {self.max_point_s:g} s = "
+                             f"{points * self.max_point_s:g} s; at most {MAX_SWEEP_S:g} s: sweep fewer values or "
+                             "lower max_point_s")
+        return self
 
     @field_validator("input_tokens", "output_tokens", "concurrency")
     @classmethod
@@ -124,8 +137,8 @@ class Slo(_Strict):
 
 
 class Scaling(_Strict):
-    min_replicas: int = Field(1, ge=0, description="Provisioned replicas; 0 allows scale to zero.")
-    max_replicas: int = Field(4, ge=1, description="Upper bound on replicas.")
+    min_replicas: int = Field(1, ge=0, le=MAX_REPLICAS, description="Provisioned replicas; 0 allows scale to zero.")
+    max_replicas: int = Field(4, ge=1, le=MAX_REPLICAS, description="Upper bound on replicas.")
     target_concurrency: float | None = Field(
         None, gt=0, description="In-flight requests per replica; none means take it from the benchmarked cost model."
     )
@@ -200,12 +213,27 @@ def format_validation_error(error: ValidationError) -> str:
     return "\n".join(lines)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that names a key twice (the last would silently win)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise SpecError(f"duplicate key {key!r} on line {key_node.start_mark.line + 1}: give each field once")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_spec(text: str) -> EndpointSpec:
     """Parse and validate YAML (or JSON) text into a spec, or raise :class:`SpecError`."""
     if len(text.encode()) > MAX_SPEC_BYTES:
         raise SpecError(f"spec is larger than {MAX_SPEC_BYTES} bytes")
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise SpecError("the document is nested too deeply to be an endpoint spec") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"not valid YAML: {exc}") from None
     if not isinstance(data, dict):

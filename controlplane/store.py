@@ -9,12 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from pydantic import ValidationError
 from sqlalchemy import Engine, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from controlplane.schema import EndpointRow, WebhookInboxRow
-from controlplane.specs import EndpointSpec
+from controlplane.specs import EndpointSpec, SpecError, format_validation_error
 
 Clock = Callable[[], datetime]
 
@@ -46,12 +47,33 @@ class EndpointStore:
     def get(self, name: str) -> EndpointSpec | None:
         with Session(self._engine) as session:
             row = session.get(EndpointRow, name)
-            return None if row is None else EndpointSpec.model_validate(row.spec)
+            if row is None:
+                return None
+            try:
+                return EndpointSpec.model_validate(row.spec)
+            except ValidationError as exc:
+                raise SpecError(f"the stored spec of {name!r} no longer validates: {format_validation_error(exc)}; "
+                                "store a corrected one with `modelplane endpoints create -f`") from None
 
     def list(self) -> list[EndpointSpec]:
+        """Every stored spec that validates; one that no longer does is left out (see :meth:`invalid`),
+        so it never stops the sensors for every other endpoint."""
+        return [spec for spec in self._load() if isinstance(spec, EndpointSpec)]
+
+    def invalid(self) -> list[tuple[str, str]]:
+        """(name, why) of stored specs that no longer validate, e.g. written under looser rules."""
+        return [item for item in self._load() if not isinstance(item, EndpointSpec)]
+
+    def _load(self) -> list:
         with Session(self._engine) as session:
             rows = session.scalars(select(EndpointRow).order_by(EndpointRow.name))
-            return [EndpointSpec.model_validate(row.spec) for row in rows]
+            loaded = []
+            for row in rows:
+                try:
+                    loaded.append(EndpointSpec.model_validate(row.spec))
+                except ValidationError as exc:
+                    loaded.append((row.name, format_validation_error(exc)))
+            return loaded
 
     def delete(self, name: str) -> bool:
         with Session(self._engine) as session, session.begin():

@@ -33,7 +33,10 @@ def registry_sensor(
     cursor = SensorCursor.parse(context.cursor)
     inbox = control_plane.inbox()
     pending = inbox.pending()
-    watched = [(spec.registered_model, spec.alias) for spec in control_plane.endpoints().list()]
+    store = control_plane.endpoints()
+    for name, why in store.invalid():  # reported every tick, never a stop for the other endpoints
+        context.log.warning(f"endpoint {name!r} is skipped: its stored spec no longer validates: {why}")
+    watched = [(spec.registered_model, spec.alias) for spec in store.list()]
     lookups = lookups_for_tick(watched, [item.registered_model for item in pending], cursor, now_s)
 
     client = registry.client()

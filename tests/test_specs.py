@@ -40,6 +40,14 @@ def test_minimal_spec_takes_the_documented_defaults():
         ("eval_gate: {max_regression: 2}\n", "eval_gate.max_regression", "less than or equal to 1"),
         ("eval_gate: {dataset: squad}\n", "eval_gate.dataset", "unknown evaluation set 'squad'; known: gec-dev"),
         ("eval_gate: {metric: bleu}\n", "eval_gate.metric", "'exact_match' or 'similarity'"),
+        ("slo: {p99_latency_ms: .inf}\n", "slo.p99_latency_ms", "finite number"),
+        ("slo: {p99_latency_ms: .nan}\n", "slo.p99_latency_ms", "finite number"),
+        ("eval_gate: {max_nll_increase: .inf}\n", "eval_gate.max_nll_increase", "finite number"),
+        ("scaling: {max_replicas: 100000}\n", "scaling.max_replicas", "less than or equal to 256"),
+        ("scaling: {min_replicas: 300, max_replicas: 300}\n", "scaling.min_replicas", "less than or equal to 256"),
+        ("cost_model: {requests_per_point: 5000}\n", "cost_model.requests_per_point", "less than or equal to 1000"),
+        ("cost_model: {input_tokens: [1, 2, 3, 4, 5, 6, 7, 8], output_tokens: [1, 2, 3, 4, 5, 6, 7, 8], "
+         "max_point_s: 600}\n", "cost_model", "could take up to"),
     ],
 )
 def test_bad_specs_are_refused_naming_the_field(extra_yaml: str, field: str, words: str):
@@ -64,6 +72,33 @@ def test_model_uri_must_name_an_alias(model: str, words: str):
 def test_malformed_documents_are_refused(text: str, words: str):
     with pytest.raises(SpecError, match=words):
         parse_spec(text)
+
+
+def test_a_key_given_twice_is_refused_naming_it_and_its_line():
+    with pytest.raises(SpecError, match="duplicate key 'scaling' on line 4"):
+        parse_spec(MINIMAL + "scaling: {max_replicas: 2}\nscaling: {max_replicas: 8}\n")
+
+
+def test_deeply_nested_yaml_is_refused_not_a_crash():
+    with pytest.raises(SpecError, match="nested too deeply"):
+        parse_spec(MINIMAL + "extra: " + "[" * 5000 + "]" * 5000 + "\n")
+
+
+def test_a_stored_spec_that_no_longer_validates_is_reported_and_skipped(migrated_engine):
+    from sqlalchemy import update
+
+    from controlplane.schema import EndpointRow
+    from controlplane.store import EndpointStore
+
+    store = EndpointStore(migrated_engine)
+    store.put(parse_spec(MINIMAL))
+    store.put(parse_spec("name: iris\nmodel: models:/iris@champion\n"))
+    with migrated_engine.begin() as connection:  # e.g. written by an older version with looser rules
+        connection.execute(update(EndpointRow).where(EndpointRow.name == "iris").values(
+            spec={"name": "iris", "model": "models:/iris@champion", "scaling": {"max_replicas": 10**6}}))
+    assert [spec.name for spec in store.list()] == ["gec"]
+    [(name, error)] = store.invalid()
+    assert name == "iris" and "scaling.max_replicas" in error
 
 
 def test_oversized_spec_is_refused():

@@ -123,9 +123,12 @@ def test_events_modelplane_does_not_act_on_are_acknowledged_not_stored(api):
     assert inbox.pending() == []
 
 
-def test_unknown_endpoint_is_a_404_with_a_hint(api):
+def test_unknown_endpoint_is_a_404_with_a_hint(api, migrated_engine):
+    from controlplane.tokens import TokenStore
+
     client, _ = api
-    response = client.get("/endpoints/nope")
+    _, token = TokenStore(migrated_engine).create([], admin=True)
+    response = client.get("/endpoints/nope", headers={"Authorization": f"Bearer {token}"})
     assert response.status_code == 404
     assert "modelplane endpoints list" in response.json()["error"]
 
