@@ -12,10 +12,10 @@ CONFIG = LivenessConfig(idle_probe_after_s=30, hang_after_s=60, probe_timeout_s=
 
 
 def run(looks, config=CONFIG):
-    """Feed (now_s, completed, in_flight, queued) looks through decide; return the verdicts."""
+    """Feed (now_s, completed, in_flight, queued[, work]) looks through decide; return the verdicts."""
     state, verdicts = LivenessState(), []
-    for now_s, completed, in_flight, queued in looks:
-        verdict, state = decide(Progress(completed, in_flight, queued), state, now_s, config)
+    for now_s, completed, in_flight, queued, *work in looks:
+        verdict, state = decide(Progress(completed, in_flight, queued, *work), state, now_s, config)
         verdicts.append(verdict)
     return verdicts
 
@@ -38,6 +38,12 @@ def run(looks, config=CONFIG):
                  id="hang-clock-starts-when-work-arrives"),
     pytest.param([(0, 900, 1, 0), (59, 0, 1, 0), (118, 0, 1, 0), (119, 0, 1, 0)], [A, A, A, H],
                  id="counter-reset-by-restart-counts-as-fresh-start"),
+    # One long generation (2,000 tokens on a CPU replica): nothing completes for minutes, but
+    # the engine's token counter moves, so it is alive; when the tokens stop, it is hung.
+    pytest.param([(0, 5, 1, 0, 100), (59, 5, 1, 0, 900), (118, 5, 1, 0, 1700), (177, 5, 1, 0, 2100),
+                  (236, 5, 1, 0, 2100), (237, 5, 1, 0, 2100)], [A, A, A, A, A, H],
+                 id="long-generation-moves-tokens-not-completions"),
+    pytest.param([(0, 5, 1, 0, 100), (60, 5, 1, 0, 100)], [A, H], id="tokens-stopped-hung-at-60s"),
 ])
 def test_verdicts(looks, expected):
     assert run(looks) == expected
@@ -50,7 +56,7 @@ def test_probe_timeout_comes_from_config():
 
 def test_state_is_explicit_and_returned():
     verdict, state = decide(Progress(5, 0, 0), LivenessState(), 100.0, CONFIG)
-    assert verdict is A and state == LivenessState(completed_total=5, progressed_at_s=100.0)
+    assert verdict is A and state == LivenessState(completed_total=5, work_total=0.0, progressed_at_s=100.0)
     verdict, state = decide(Progress(5, 0, 0), state, 130.0, CONFIG)
     assert verdict is P and state.probe_sent_at_s == 130.0
 

@@ -10,6 +10,7 @@ import pytest
 
 from cluster.local.backend import LocalCluster
 from cluster.local.supervisor import Supervisor, SupervisorConfig, plan, restart_delay_s
+from serving.runtime.liveness import LivenessConfig
 from cluster.protocol import RevisionSpec
 from tests.conftest import wait_for
 
@@ -32,20 +33,37 @@ def iris_dir(tmp_path_factory):
     return MlflowRegistry(uri).download("iris", "1", root / "model")
 
 
+# Short liveness thresholds so that a hang is found in seconds (the defaults: 30, 60, 30 s).
+QUICK_LIVENESS = LivenessConfig(idle_probe_after_s=2.0, hang_after_s=3.0, probe_timeout_s=2.0)
+
+
 @pytest.fixture
-def running(sqlite_url, tmp_path):
+def supervise(sqlite_url, tmp_path):
+    """Start a supervisor with a given config; stopped (and its replicas with it) after the test."""
     from controlplane import db
 
     db.upgrade(sqlite_url)
     engine = db.make_engine(sqlite_url)
-    supervisor = Supervisor(engine, tmp_path / "logs", SupervisorConfig(restart_backoff_initial_s=0.2))
-    stop = threading.Event()
-    thread = threading.Thread(target=supervisor.run, args=(stop,), daemon=True)
-    thread.start()
-    yield LocalCluster(engine), supervisor
-    stop.set()
-    thread.join(60)
+    started = []
+
+    def start(config: SupervisorConfig):
+        supervisor = Supervisor(engine, tmp_path / "logs", config)
+        stop = threading.Event()
+        thread = threading.Thread(target=supervisor.run, args=(stop,), daemon=True)
+        thread.start()
+        started.append((stop, thread))
+        return LocalCluster(engine), supervisor
+
+    yield start
+    for stop, thread in started:
+        stop.set()
+        thread.join(60)
     engine.dispose()
+
+
+@pytest.fixture
+def running(supervise):
+    return supervise(SupervisorConfig(restart_backoff_initial_s=0.2))
 
 
 def ready(cluster, revision_id, count):
@@ -87,3 +105,95 @@ def test_replicas_start_get_ready_restart_after_sigkill_and_stop(running, iris_d
     wait_for(lambda: cluster.replicas("iris-r1") == [], 60, "the revision's replicas to go")
     _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=20)
     assert alive == []
+
+
+def test_a_stopped_engine_with_work_outstanding_is_found_hung_and_restarted(supervise, iris_dir):
+    cluster, supervisor = supervise(SupervisorConfig(restart_backoff_initial_s=0.2, liveness_interval_s=0.2,
+                                                     liveness=QUICK_LIVENESS))
+    cluster.apply(RevisionSpec("iris-r1", "iris", str(iris_dir), "pyfunc", replicas=1))
+    [replica] = wait_for(ready(cluster, "iris-r1", 1), 120, "a ready replica")
+    group = supervisor.replicas[replica.replica_id]._process.pid
+    os.killpg(group, signal.SIGSTOP)  # a real hang: the process is alive, nothing moves
+    try:
+        with pytest.raises(httpx.HTTPError):
+            predict(replica.url)  # stuck behind the stopped process
+        back = wait_for(lambda: [r for r in cluster.replicas("iris-r1") if r.ready and r.restarts == 1], 60,
+                        "the hung replica to be restarted")[0]
+    finally:
+        try:
+            os.killpg(group, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert not psutil.pid_exists(group) or psutil.Process(group).status() == psutil.STATUS_ZOMBIE
+    assert predict(back.url).status_code == 200
+
+
+def test_an_error_in_a_watcher_restarts_the_replica_instead_of_ending_the_watch(running, iris_dir, monkeypatch):
+    cluster, supervisor = running
+    cluster.apply(RevisionSpec("iris-r1", "iris", str(iris_dir), "pyfunc", replicas=1))
+    [replica] = wait_for(ready(cluster, "iris-r1", 1), 120, "a ready replica")
+    managed = supervisor.replicas[replica.replica_id]
+    calls = []
+    real_progress = managed.runtime.progress
+
+    def progress_failing_once(text):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a scrape the parser chokes on")
+        return real_progress(text)
+
+    monkeypatch.setattr(managed.runtime, "progress", progress_failing_once)
+    back = wait_for(lambda: [r for r in cluster.replicas("iris-r1") if r.ready and r.restarts == 1], 60,
+                    "the replica to come back after the watcher error")[0]
+    assert managed.watching and supervisor.replicas[replica.replica_id] is managed
+    assert predict(back.url).status_code == 200
+
+
+def test_a_watcher_that_is_gone_is_replaced_by_the_reconcile_loop(running, iris_dir):
+    cluster, supervisor = running
+    cluster.apply(RevisionSpec("iris-r1", "iris", str(iris_dir), "pyfunc", replicas=1))
+    [replica] = wait_for(ready(cluster, "iris-r1", 1), 120, "a ready replica")
+    lost = supervisor.replicas[replica.replica_id]
+    lost._thread = threading.Thread(target=lambda: None)  # a watcher thread that has ended
+    lost._thread.start()
+    lost._thread.join()
+    wait_for(lambda: supervisor.replicas.get(replica.replica_id) not in (None, lost), 30, "a new watcher")
+    wait_for(ready(cluster, "iris-r1", 1), 120, "the replica ready again")
+
+
+def test_a_status_write_through_a_locked_database_lands_once_the_lock_goes(sqlite_url, tmp_path, iris_dir):
+    """The replica dies while another connection holds SQLite's write lock (and the supervisor's
+    busy timeout is short): its writes fail, are retried, and land; it never stays marked ready."""
+    import sqlite3
+
+    from sqlalchemy import create_engine
+
+    from controlplane import db
+
+    db.upgrade(sqlite_url)
+    engine = create_engine(sqlite_url, connect_args={"timeout": 0.2})
+    supervisor = Supervisor(engine, tmp_path / "logs", SupervisorConfig(restart_backoff_initial_s=0.2))
+    stop = threading.Event()
+    thread = threading.Thread(target=supervisor.run, args=(stop,), daemon=True)
+    thread.start()
+    cluster = LocalCluster(db.make_engine(sqlite_url))
+    try:
+        cluster.apply(RevisionSpec("iris-r1", "iris", str(iris_dir), "pyfunc", replicas=1))
+        [replica] = wait_for(ready(cluster, "iris-r1", 1), 120, "a ready replica")
+        pid = supervisor.replicas[replica.replica_id]._process.pid
+        lock = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), timeout=1)
+        lock.execute("BEGIN EXCLUSIVE")
+        try:
+            os.kill(pid, signal.SIGKILL)
+            threading.Event().wait(3)  # the supervisor's writes fail meanwhile
+        finally:
+            lock.rollback()
+            lock.close()
+        wait_for(lambda: [r for r in cluster.replicas("iris-r1") if not r.ready], 30, "the killed replica unready")
+        back = wait_for(lambda: [r for r in cluster.replicas("iris-r1") if r.ready and r.restarts == 1], 120,
+                        "the restarted replica")[0]
+        assert predict(back.url).status_code == 200
+    finally:
+        stop.set()
+        thread.join(60)
+        engine.dispose()

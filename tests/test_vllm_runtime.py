@@ -237,7 +237,8 @@ def test_probe_is_one_token_at_the_highest_priority(tiny_model_dir):
 
 
 def test_progress_from_a_real_scrape():
-    assert VllmRuntime(accelerator="cpu").progress(REAL_SCRAPE) == Progress(completed_total=96, in_flight=48, queued=0)
+    assert VllmRuntime(accelerator="cpu").progress(REAL_SCRAPE) == Progress(completed_total=96, in_flight=48, queued=0,
+                                                                            work_total=6980)
 
 
 def test_progress_sums_engines_and_ignores_aborted_and_failed_requests():
@@ -251,7 +252,8 @@ def test_progress_sums_engines_and_ignores_aborted_and_failed_requests():
                             'vllm:num_requests_waiting{engine="0",model_name="tiny"} 5.0')
     scrape = scrape.replace("# HELP vllm:generation_tokens_total", second_engine + "\n# HELP vllm:generation_tokens_total")
     # engine 0: 96 length + 4 stop; engine 1: 96 length
-    assert VllmRuntime(accelerator="cpu").progress(scrape) == Progress(completed_total=196, in_flight=48, queued=5)
+    assert VllmRuntime(accelerator="cpu").progress(scrape) == Progress(completed_total=196, in_flight=48, queued=5,
+                                                                       work_total=6980)
 
 
 def test_progress_of_an_empty_scrape_is_zero():
@@ -363,6 +365,36 @@ def test_live_progress_advances_with_completed_requests(live_server):
     after = scrape(live_server["base"])
     assert after.completed_total >= before.completed_total + 3
     assert (after.in_flight, after.queued) == (0, 0)
+
+
+@pytest.mark.slow
+def test_live_a_long_generation_moves_the_work_counter_before_it_completes(live_server):
+    """What keeps one long generation from being judged hung: tokens move, completions do not.
+
+    The tiny model writes 480 tokens in tens of milliseconds, faster than a scrape; 16 at once
+    take long enough to look at the counters while they run.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    before = scrape(live_server["base"])
+    body = {"model": "tiny", "prompt": "Fix: we plays.", "max_tokens": 480, "ignore_eos": True}
+
+    def generate(_):
+        return httpx.post(live_server["base"] + "/v1/completions", json=body, timeout=120, trust_env=False)
+
+    looks = []
+    with ThreadPoolExecutor(16) as pool:
+        answers = pool.map(generate, range(16))
+        while len(looks) < 2000:
+            look = scrape(live_server["base"])
+            looks.append(look)
+            if look.completed_total >= before.completed_total + 16:
+                break
+        assert all(answer.status_code == 200 for answer in answers)
+    during = [look.work_total for look in looks if look.completed_total == before.completed_total and look.in_flight]
+    assert len(set(during)) >= 2 and during[-1] > during[0], (before, looks[:5])
 
 
 @pytest.mark.slow

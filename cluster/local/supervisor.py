@@ -1,13 +1,19 @@
 """The local backend's process supervisor: desired revisions in the database → replica processes.
 
 Every ``reconcile_interval_s`` it reads the revisions' desired replica counts, starts and
-stops replicas to match (:func:`plan`), and each replica is watched by a thread of its own
-(:class:`ManagedReplica`): start the runtime's process on a free port, wait for
-``GET /health``, send the runtime's probe request (ready = model loaded and one request
-answered), then watch forward progress through ``/metrics`` and restart the process, with
-exponential backoff, when it exits or is found hung. What it sees goes into the ``replicas``
-table, the router's discovery feed. ``python -m cluster.local.supervisor`` runs it
-(``modelplane up`` does).
+stops replicas to match (:func:`plan`; stops run in parallel), and each replica is watched
+by a thread of its own (:class:`ManagedReplica`): start the runtime's process on a free port,
+wait for ``GET /health``, send the runtime's probe request (ready = model loaded and one
+request answered), then watch forward progress through ``/metrics`` and restart the process,
+with exponential backoff, when it exits or is found hung. What it sees goes into the
+``replicas`` table, the router's discovery feed. ``python -m cluster.local.supervisor`` runs
+it (``modelplane up`` does).
+
+A watcher never dies silently: an unexpected error in one life of a replica is logged and
+ends that life like a crash (the process is stopped and started again), and the reconcile
+loop replaces a watcher thread that is gone. A replica is marked unhealthy *before* its
+process is stopped, and status writes are retried through a locked database, so a killed
+replica is never left marked ready.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pathlib import Path
 import httpx
 import psutil
 from sqlalchemy import Engine, delete, select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from cluster.local.backend import ACTIVE_STATES
@@ -48,6 +55,8 @@ class SupervisorConfig:
     restart_backoff_initial_s: float = 1.0
     restart_backoff_max_s: float = 30.0
     stop_grace_s: float = 15.0
+    liveness: LivenessConfig = LivenessConfig()  # idle probe 30 s, hung after 60 s without progress
+    write_retry_s: float = 60.0  # keep retrying a status write this long through a locked database
 
 
 def plan(desired: dict[str, int], running: set[str]) -> tuple[list[str], list[str]]:
@@ -126,10 +135,16 @@ class ManagedReplica:
         with self._process_lock:
             self._stop.set()
             process = self._process
+        self._write("stopping", None)  # out of the router's table before the process goes
         if process is not None:
             kill_group(process, self._config.stop_grace_s)
         self._thread.join(timeout=self._config.stop_grace_s + 15)
         self._write("stopped", None)
+
+    @property
+    def watching(self) -> bool:
+        """False once the watcher thread is gone without a stop (the supervisor replaces it)."""
+        return self._stop.is_set() or self._thread.is_alive()
 
     @property
     def url(self) -> str:
@@ -138,7 +153,11 @@ class ManagedReplica:
     # -- the replica's life ---------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
-            error = self._one_life()
+            try:
+                error = self._one_life()
+            except Exception as exc:  # noqa: BLE001 - this thread is the replica's only watcher
+                log.exception("replica %s: watcher error", self.replica_id)
+                error = f"watcher error: {type(exc).__name__}: {exc}"
             if self._stop.is_set():
                 return
             self.restarts += 1
@@ -158,8 +177,9 @@ class ManagedReplica:
             self._process = subprocess.Popen(launch.argv, env={**os.environ, **launch.env}, stdout=log_file,
                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              start_new_session=True)
-        self._write("starting", None)
+        error = "stopped"
         try:
+            self._write("starting", None)
             error = self._wait_ready()
             if error is None and not self._stop.is_set():
                 self._write("ready", None)
@@ -167,6 +187,7 @@ class ManagedReplica:
             return error or "stopped"
         finally:
             if not self._stop.is_set():
+                self._write("unhealthy", error)  # out of the router's table before the process goes
                 kill_group(self._process, grace_s=5.0)
 
     def _wait_ready(self) -> str | None:
@@ -190,7 +211,7 @@ class ManagedReplica:
 
     def _stay_alive(self) -> str:
         """Watch forward progress (``serving.runtime.liveness``) until the replica dies or hangs."""
-        state, liveness = LivenessState(), LivenessConfig()
+        state, liveness = LivenessState(), self._config.liveness
         probe = self.runtime.probe_request(self.model_dir, self.runtime_config)
         unanswered_since_s: float | None = None
         with httpx.Client(timeout=self._config.health_timeout_s) as http:
@@ -221,6 +242,19 @@ class ManagedReplica:
             pass  # no completion shows up in /metrics, and liveness sees that
 
     def _write(self, state: str, error: str | None) -> None:
+        """Record the replica's state, retrying through a locked database for ``write_retry_s``."""
+        deadline = time.monotonic() + self._config.write_retry_s
+        while True:
+            try:
+                return self._write_once(state, error)
+            except OperationalError:
+                if time.monotonic() >= deadline:
+                    log.exception("replica %s: could not record state %s", self.replica_id, state)
+                    return
+                log.warning("replica %s: database busy recording state %s; retrying", self.replica_id, state)
+                time.sleep(0.5)
+
+    def _write_once(self, state: str, error: str | None) -> None:
         with Session(self._engine) as session, session.begin():
             row = session.get(ReplicaRow, self.replica_id)
             if row is None and self._stop.is_set() and state != "stopped":
@@ -245,10 +279,15 @@ class Supervisor:
             revisions = {row.id: row for row in session.scalars(select(RevisionRow))}
         desired = {rid: row.desired_replicas if row.state in ACTIVE_STATES else 0 for rid, row in revisions.items()}
         to_start, to_stop = plan(desired, set(self.replicas))
+        self._stop_in_parallel([self.replicas.pop(replica_id) for replica_id in to_stop])
         for replica_id in to_stop:
-            self.replicas.pop(replica_id).stop()
             with Session(self._engine) as session, session.begin():
                 session.execute(delete(ReplicaRow).where(ReplicaRow.id == replica_id))
+        for replica_id, managed in list(self.replicas.items()):
+            if not managed.watching:  # the thread is gone: its process may be too; start afresh
+                log.error("replica %s: its watcher ended; starting it again", replica_id)
+                del self.replicas[replica_id]
+                to_start.append(replica_id)
         for replica_id in to_start:
             revision = revisions[replica_id.rsplit("-", 1)[0]]
             try:
@@ -284,12 +323,17 @@ class Supervisor:
         self.stop_all()
 
     def stop_all(self) -> None:
-        threads = [threading.Thread(target=replica.stop) for replica in self.replicas.values()]
+        self._stop_in_parallel(list(self.replicas.values()))
+        self.replicas.clear()
+
+    @staticmethod
+    def _stop_in_parallel(replicas: list[ManagedReplica]) -> None:
+        """Each replica drains for up to ``stop_grace_s``; they do it at the same time, not in turn."""
+        threads = [threading.Thread(target=replica.stop) for replica in replicas]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        self.replicas.clear()
 
 
 def main() -> None:

@@ -37,6 +37,9 @@ class Progress:
     completed_total: float  # requests finished since the process started (monotonic)
     in_flight: float  # requests being worked on now
     queued: float  # requests accepted but waiting
+    # A counter that moves while work is being done, before any request completes (vLLM:
+    # prompt + generated tokens); 0 where the runtime has none (pyfunc predicts whole batches).
+    work_total: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,16 @@
-"""Liveness by forward progress: a replica is alive while requests complete.
+"""Liveness by forward progress: a replica is alive while its engine makes progress.
 
 A saturated replica answers ``/health`` late or not at all, and killing it for that throws
 away its whole batch and moves its load onto replicas that are just as busy. So modelplane
-asks a different question: does the completed-requests counter (``Progress.completed_total``
-from ``/metrics``) still move?
+asks a different question: do its progress counters still move? Those are the completed
+requests (``Progress.completed_total`` from ``/metrics``) and, where the engine has one, a
+counter of work done (``Progress.work_total``: vLLM's prompt and generated tokens). The
+second matters: one generation of 2,000 tokens on a CPU replica completes nothing for
+minutes, and a replica judged on completions alone was killed as hung, losing every request
+on it; any token holder could make an endpoint crash-loop that way. A stopped engine
+(SIGSTOP, a deadlock) moves neither counter and is still found within ``hang_after_s``.
 
-- it moved since the last look → ALIVE, however deep the queue;
+- either moved since the last look → ALIVE, however deep the queue;
 - nothing queued or in flight and nothing completed for ``idle_probe_after_s`` → PROBE:
   the supervisor sends the runtime's ``probe_request`` (one token, highest priority), whose
   completion moves the counter like any other request;
@@ -68,7 +73,8 @@ class LivenessState:
     """What ``decide`` remembers between looks; the initial state is ``LivenessState()``."""
 
     completed_total: float | None = None  # the counter at the last look (None: never looked)
-    progressed_at_s: float | None = None  # when the counter last moved (or was first seen)
+    work_total: float | None = None  # the work counter at the last look
+    progressed_at_s: float | None = None  # when a counter last moved (or was first seen)
     busy_since_s: float | None = None  # first look with work outstanding since the replica was idle
     probe_sent_at_s: float | None = None  # when the outstanding probe was sent (None: none)
 
@@ -80,8 +86,13 @@ def decide(progress: Progress, state: LivenessState, now_s: float,
     if state.completed_total is None or progress.completed_total != state.completed_total:
         # First look, a completion, or a counter that went down (the process restarted):
         # all of them start the clock afresh and answer any outstanding probe.
-        return Verdict.ALIVE, LivenessState(completed_total=progress.completed_total, progressed_at_s=now_s,
-                                            busy_since_s=now_s if busy else None)
+        return Verdict.ALIVE, LivenessState(completed_total=progress.completed_total, work_total=progress.work_total,
+                                            progressed_at_s=now_s, busy_since_s=now_s if busy else None)
+    if progress.work_total != state.work_total:
+        # Work done with nothing completed yet (a long generation): the hang clock restarts,
+        # an outstanding probe stays outstanding (only its completion answers it).
+        return Verdict.ALIVE, replace(state, work_total=progress.work_total, progressed_at_s=now_s,
+                                      busy_since_s=now_s if busy else None)
 
     assert state.progressed_at_s is not None
     busy_since_s = (state.busy_since_s if state.busy_since_s is not None else now_s) if busy else None

@@ -283,14 +283,16 @@ class VllmRuntime:
             "priority": HIGHEST_PRIORITY})
 
     def progress(self, metrics_text: str) -> Progress:
-        """Completed / running / waiting requests, summed over engines, from vLLM's ``/metrics``.
+        """Completed / running / waiting requests and tokens, summed over engines, from vLLM's ``/metrics``.
 
         completed = ``vllm:request_success_total`` for finish reasons stop, length and
-        repetition; in flight = ``vllm:num_requests_running``; queued = ``vllm:num_requests_waiting``.
+        repetition; in flight = ``vllm:num_requests_running``; queued = ``vllm:num_requests_waiting``;
+        work = ``vllm:prompt_tokens_total`` + ``vllm:generation_tokens_total``, which vLLM counts
+        every engine step, so a long generation shows progress before it completes.
         """
         from prometheus_client.parser import text_string_to_metric_families
 
-        completed = running = waiting = 0.0
+        completed = running = waiting = work = 0.0
         for family in text_string_to_metric_families(metrics_text):
             for sample in family.samples:
                 if sample.name == "vllm:request_success_total":
@@ -300,4 +302,6 @@ class VllmRuntime:
                     running += sample.value
                 elif sample.name == "vllm:num_requests_waiting":
                     waiting += sample.value
-        return Progress(completed_total=completed, in_flight=running, queued=waiting)
+                elif sample.name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
+                    work += sample.value
+        return Progress(completed_total=completed, in_flight=running, queued=waiting, work_total=work)
