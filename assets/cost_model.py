@@ -28,9 +28,10 @@ from dagster import AssetExecutionContext, Failure, MetadataValue, Output, asset
 
 from assets.gate_verdict import serving_checkpoint
 from assets.rollout import WaitReady
+from assets.quantized_checkpoint import MEASUREMENT_POOL
 from assets.served_endpoint import RolloutDriver, choose_runtime
 from assets.serving_specs import serving_specs
-from assets.source_model import model_versions
+from assets.source_model import DEPLOY_RETRIES, model_versions
 from cluster.protocol import RevisionSpec
 from controlplane.cost_profiles import CostProfileStore
 from controlplane.revisions import RevisionStore
@@ -39,6 +40,7 @@ from costmodel.fit import fit_cost_model
 from costmodel.measure import classic_input_example, run_sweep
 from costmodel.plot import plot_png
 from costmodel.sweep import SweepError, SweepGrid
+from pipelines.deploy_plan import cost_sections
 from pipelines.registry import parse_partition_key
 from pipelines.resources import ClusterResource, ControlPlaneResource, RegistryResource
 from serving.runtime.model_layout import locate
@@ -68,6 +70,8 @@ def _strictest(specs: list[EndpointSpec]) -> EndpointSpec:
     kinds={"python"},
     description="Cost coefficients (α, β, γ) and the starting target concurrency, from a benchmark sweep of "
                 "the gated checkpoint on the serving hardware.",
+    pool=MEASUREMENT_POOL,
+    retry_policy=DEPLOY_RETRIES,
 )
 def cost_model(
     context: AssetExecutionContext,
@@ -80,7 +84,8 @@ def cost_model(
     client = registry.client()
     specs, _ = serving_specs(control_plane.endpoints().list(), model, version, client.alias_version)
     if not specs:
-        raise Failure(description=f"no endpoint serves {model} v{version} now, so there is no SLO to size against")
+        raise Failure(description=f"no endpoint serves {model} v{version} now, so there is no SLO to size against",
+                      allow_retries=False)
     spec = _strictest(specs)
     is_llm = quantized_checkpoint["is_llm"]
     grid = grid_of(spec, is_llm)
@@ -95,6 +100,7 @@ def cost_model(
     context.log.info(f"{model} v{version} ({checkpoint.label}) on {profile.key}: {grid.n_points} sweep points "
                      f"({reason})")
     backend.apply(RevisionSpec(revision_id, BENCH_MODEL_NAME, str(serve_dir), runtime, 1, spec.replica.model_dump()))
+    driver.revisions.add_details(revision_id, run_id=context.run_id, purpose="cost-model sweep")  # for the reaper
     try:
         if not driver.wait_ready(WaitReady(revision_id, 1)):
             raise Failure(description=f"the benchmark replica of {model} v{version} never became ready; "
@@ -115,7 +121,8 @@ def cost_model(
         fitted = fit_cost_model(samples, points, spec.slo.p99_latency_ms, spec.slo.time_to_first_token_ms,
                                 "llm" if is_llm else "classic")
     except SweepError as exc:
-        raise Failure(description=f"{model} v{version}: the sweep cannot give a cost model: {exc}") from None
+        raise Failure(description=f"{model} v{version}: the sweep cannot give a cost model: {exc}",
+                      allow_retries=False) from None
     stored = CostProfileStore(control_plane.engine()).put(context.partition_key, profile.key, fitted.to_json(),
                                                           fitted.target_concurrency, reason)
     png = plot_png(points, samples, fitted)
@@ -139,6 +146,7 @@ def cost_model(
     return Output(value, metadata={
         "hardware_profile": profile.key,
         "checkpoint": checkpoint.label,
+        "cost_sections": cost_sections(spec),
         "reason": reason,
         "alpha_ms_per_input_token": round(coefficients.alpha_ms_per_input_token, 4),
         "beta_ms_per_output_token": round(coefficients.beta_ms_per_output_token, 3),

@@ -33,7 +33,7 @@ from pathlib import Path
 from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
 
 from assets.gate_verdict import record_verdict
-from assets.quantized_checkpoint import quantized_checkpoint
+from assets.quantized_checkpoint import MEASUREMENT_POOL, quantized_checkpoint
 from assets.serving_specs import agreed_eval_gate, serving_specs
 from assets.source_model import model_versions
 from controlplane.revisions import RevisionStore
@@ -43,6 +43,7 @@ from evaluation.engine_eval import EngineEvalError
 from evaluation.engine_run import EngineStartError, evaluate_checkpoint
 from evaluation.gate import GateThresholds, decide
 from pipelines.registry import parse_partition_key
+from pipelines.deploy_plan import GATE_TAG
 from pipelines.resources import ClusterResource, ControlPlaneResource, ModelStoreResource, RegistryResource
 from quantization.engine_support import kernels
 
@@ -83,6 +84,8 @@ def _refusal(context: AssetCheckExecutionContext, candidate: dict, reasons: list
         outcome = "refused; nothing is served (eval_gate.on_failure: block)"
     context.log.warning(f"eval gate: {candidate['scheme']} {outcome}")
     record_verdict(candidate, "baseline" if fall_back else "none", reasons, kernels_used)
+    if not fall_back:  # the registry sensor does not ask again for a version the gate refused
+        context.instance.add_run_tags(context.run.run_id, {GATE_TAG: "refused"})
     metadata = {**metadata, "decision": outcome, "reasons": MetadataValue.md("\n".join(f"- {r}" for r in reasons))}
     return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN if fall_back else AssetCheckSeverity.ERROR,
                             metadata=metadata)
@@ -92,6 +95,7 @@ def _refusal(context: AssetCheckExecutionContext, candidate: dict, reasons: list
     asset=quantized_checkpoint,
     blocking=True,
     partitions_def=model_versions,
+    pool=MEASUREMENT_POOL,
     description="The quantized candidate on the real engine against the unquantized baseline and the "
                 "revision serving now; a refusal stops the deploy before any traffic moves, or, where nothing "
                 "serves yet, lets the unquantized baseline serve instead (eval_gate.on_failure).",

@@ -23,6 +23,7 @@ from dagster import AssetExecutionContext, Failure, MetadataValue, Output, asset
 from assets.serving_specs import agreed_quantization, serving_specs
 from assets.source_model import model_versions
 from evaluation.gec_data import calibration_texts
+from pipelines.deploy_plan import checkpoint_sections
 from pipelines.registry import parse_partition_key
 from pipelines.resources import (ClusterResource, ControlPlaneResource, ModelStoreResource, QuantizerResource,
                                  RegistryResource)
@@ -32,15 +33,19 @@ from quantization.worker import REPORT_FILE
 from serving.runtime.model_layout import locate
 
 KIND = "quantized_checkpoint"
+# Quantizing, evaluating and benchmarking share this pool (limit 1 in dagster.yaml): a cost
+# model measured while another run quantizes on the same cores would be wrong.
+MEASUREMENT_POOL = "modelplane-measurement"
 
 
-def _passed_through(source_model: dict, profile_key: str, engine: str, why: str) -> Output[dict]:
+def _passed_through(source_model: dict, profile_key: str, engine: str, why: str, sections: str) -> Output[dict]:
     value = {"model": source_model["model"], "version": source_model["version"], "quantized": False,
              "is_llm": source_model["is_llm"], "serve_dir": source_model["local_dir"],
              "source_dir": source_model["local_dir"], "scheme": None, "engine": engine,
              "hardware_profile": profile_key, "reason": why}
     return Output(value, metadata={"quantized": False, "reason": why, "hardware_profile": profile_key,
-                                   "serve_dir": MetadataValue.path(source_model["local_dir"])})
+                                   "serve_dir": MetadataValue.path(source_model["local_dir"]),
+                                   "checkpoint_sections": sections})
 
 
 @asset(
@@ -49,6 +54,7 @@ def _passed_through(source_model: dict, profile_key: str, engine: str, why: str)
     kinds={"pytorch"},
     description="The LLM quantized for the serving hardware (FP8 or INT8 W8A8, compressed-tensors); "
                 "classic models pass through.",
+    pool=MEASUREMENT_POOL,
 )
 def quantized_checkpoint(
     context: AssetExecutionContext,
@@ -62,20 +68,21 @@ def quantized_checkpoint(
     model, version = parse_partition_key(context.partition_key)
     client = registry.client()
     profile = cluster.hardware_profile()
+    specs, _ = serving_specs(control_plane.endpoints().list(), model, version, client.alias_version)
+    sections = checkpoint_sections(specs[0]) if specs else ""  # the specs agree on these sections
     if not source_model["is_llm"]:
         return _passed_through(source_model, profile.key, profile.engine,
-                               f"{source_model['flavor']} model: served as registered")
-    specs, _ = serving_specs(control_plane.endpoints().list(), model, version, client.alias_version)
+                               f"{source_model['flavor']} model: served as registered", sections)
     settings = agreed_quantization(specs)
     plan = plan_for(scheme=settings.scheme.value, quantize_attention=settings.quantize_attention,
                     weight_granularity=settings.weight_granularity.value, kv_cache=settings.kv_cache,
                     accelerator=profile.accelerator)
     if plan is None:
-        return _passed_through(source_model, profile.key, profile.engine, "quantization.scheme is none")
+        return _passed_through(source_model, profile.key, profile.engine, "quantization.scheme is none", sections)
     try:
         check_supported(plan, profile.engine)
     except ValueError as exc:
-        raise Failure(description=str(exc)) from None
+        raise Failure(description=str(exc), allow_retries=False) from None
 
     layout = locate(Path(source_model["local_dir"]))
     output_dir = model_store.version_dir(model, version, f"quantized-{plan.label}")  # one per plan
@@ -104,5 +111,6 @@ def quantized_checkpoint(
         "hardware_profile": profile.key,
         "mlflow_run_id": run_id,
         "quantization_config": MetadataValue.json(report["quantization_config"]),
+        "checkpoint_sections": sections,
         "serve_dir": MetadataValue.path(str(output_dir)),
     })

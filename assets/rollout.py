@@ -3,17 +3,21 @@
 The generator decides; the driver acts and sends back each action's result, so a test can
 step through a rollout with no I/O (as httpx's ``Auth.auth_flow`` is tested):
 
-    flow = rollout("gec", "gec-gec-v2-1", replicas=1)
-    flow.send(None)          → Start("gec-gec-v2-1", 1)
-    flow.send(None)          → WaitReady("gec-gec-v2-1", 1)
+    flow = rollout("gec", "gec-v2-1a2b", replicas=1, expected_previous="gec-v1-9f8e")
+    flow.send(None)          → Start("gec-v2-1a2b", 1)
+    flow.send(None)          → WaitReady("gec-v2-1a2b", 1)
     flow.send(True)          → StillCurrent("gec")
-    flow.send(True)          → Route("gec", "gec-gec-v2-1")
-    flow.send("gec-gec-v1-1")→ Drain("gec-gec-v1-1")
-    flow.send(None)          → Retire("gec-gec-v1-1")
+    flow.send(True)          → Route("gec", "gec-v2-1a2b", "gec-v1-9f8e")
+    flow.send("gec-v1-9f8e") → Drain("gec-v1-9f8e")
+    flow.send(None)          → Retire("gec-v1-9f8e")
     flow.send(None)          → StopIteration(RolloutResult(ok=True, …))
 
 Traffic moves only after the new revision is ready, and the old revision is retired only
-after it drained, so requests in flight during the switch finish where they started.
+after it drained, so requests in flight during the switch finish where they started. The
+switch is a compare-and-set against the revision that served when the rollout began: if
+another rollout moved the endpoint meanwhile, the driver answers :class:`Superseded` and
+this rollout retires its own revision (the registry sensor then converges the endpoint to
+what its alias names).
 """
 
 from __future__ import annotations
@@ -48,10 +52,19 @@ class StillCurrent:
 
 @dataclass(frozen=True)
 class Route:
-    """Result: the revision id that served the endpoint before, or None."""
+    """Result: the revision id that served the endpoint before (or None), or :class:`Superseded`
+    when the endpoint no longer routes to ``expected_previous``."""
 
     endpoint: str
     revision_id: str
+    expected_previous: str | None = None
+
+
+@dataclass(frozen=True)
+class Superseded:
+    """Another rollout moved the endpoint to ``current`` since this one began."""
+
+    current: str | None
 
 
 @dataclass(frozen=True)
@@ -76,7 +89,8 @@ class RolloutResult:
 Action = Start | WaitReady | StillCurrent | Route | Drain | Retire
 
 
-def rollout(endpoint: str, revision_id: str, replicas: int) -> Generator[Action, object, RolloutResult]:
+def rollout(endpoint: str, revision_id: str, replicas: int,
+            expected_previous: str | None = None) -> Generator[Action, object, RolloutResult]:
     yield Start(revision_id, replicas)
     ready = yield WaitReady(revision_id, replicas)
     if not ready:
@@ -87,7 +101,12 @@ def rollout(endpoint: str, revision_id: str, replicas: int) -> Generator[Action,
         yield Retire(revision_id)
         return RolloutResult(ok=False, revision_id=revision_id, superseded=True,
                              reason="the alias moved to another version during the rollout; traffic stays where it is")
-    previous = yield Route(endpoint, revision_id)
+    previous = yield Route(endpoint, revision_id, expected_previous)
+    if isinstance(previous, Superseded):
+        yield Retire(revision_id)
+        return RolloutResult(ok=False, revision_id=revision_id, superseded=True,
+                             reason=f"another rollout moved the endpoint to {previous.current} meanwhile; "
+                                    "traffic stays there")
     if previous is not None and previous != revision_id:
         yield Drain(previous)
         yield Retire(previous)

@@ -16,18 +16,18 @@ the endpoint keeps serving the one it had.
 
 import time
 from collections.abc import Callable, Generator
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 from dagster import AssetExecutionContext, Failure, MetadataValue, Output, asset
 
 from assets.gate_verdict import serving_checkpoint
 from assets.serving_specs import serving_specs
-from assets.rollout import Drain, Retire, RolloutResult, Route, Start, StillCurrent, WaitReady, rollout
-from assets.source_model import model_versions
+from assets.rollout import Drain, Retire, RolloutResult, Route, Start, StillCurrent, Superseded, WaitReady, rollout
+from assets.source_model import DEPLOY_RETRIES, model_versions
 from cluster.protocol import Cluster, RevisionSpec
-from controlplane.revisions import RevisionStore
+from controlplane.revisions import RevisionStore, TrafficChanged
 from controlplane.specs import Runtime
 from pipelines.registry import parse_partition_key
 from pipelines.resources import ClusterResource, ControlPlaneResource, RegistryResource
@@ -79,7 +79,11 @@ class RolloutDriver:
         if isinstance(action, StillCurrent):
             return self.still_current(action.endpoint)
         if isinstance(action, Route):
-            previous = self.revisions.route(action.endpoint, action.revision_id)
+            try:
+                previous = self.revisions.route(action.endpoint, action.revision_id, action.expected_previous)
+            except TrafficChanged as changed:
+                self.log(f"{action.endpoint}: traffic moved to {changed.current} during this rollout")
+                return Superseded(changed.current)
             self.revisions.set_state(action.revision_id, "serving")
             self.log(f"{action.endpoint}: traffic → {action.revision_id}" + (f" (was {previous})" if previous else ""))
             return previous
@@ -131,11 +135,24 @@ class RolloutDriver:
         self.log(f"{revision_id}: still busy after {self.drain_timeout_s:.0f} s of draining; retiring it anyway")
 
 
+def _roll_out(driver: RolloutDriver, revisions: RevisionStore, endpoint: str, revision_id: str, replicas: int,
+              current: str | None) -> RolloutResult:
+    """Drive one rollout; if the run is terminated (or anything raises) before the new revision
+    took the traffic, retire it on the way out: no replica is left running for nothing."""
+    try:
+        return driver.run(rollout(endpoint, revision_id, replicas, expected_previous=current))
+    except BaseException:
+        if revisions.traffic().get(endpoint) != revision_id:
+            driver.act(Retire(revision_id))
+        raise
+
+
 @asset(
     partitions_def=model_versions,
     group_name="deploy",
     kinds={"python"},
     description="The version live behind the router for every endpoint whose alias points at it.",
+    retry_policy=DEPLOY_RETRIES,
 )
 def served_endpoint(
     context: AssetExecutionContext,
@@ -152,7 +169,7 @@ def served_endpoint(
         names = ", ".join(s.name for s in superseded)
         raise Failure(description=f"no endpoint serves {model} v{version} now"
                       + (f" (the aliases of {names} point elsewhere)" if names else
-                         f"; create a spec with model: models:/{model}@<alias>"))
+                         f"; create a spec with model: models:/{model}@<alias>"), allow_retries=False)
     revisions = RevisionStore(control_plane.engine())
     aliases = {spec.name: spec.alias for spec in specs}
     driver = RolloutDriver(cluster.client(), revisions, context.log.info,
@@ -161,7 +178,7 @@ def served_endpoint(
     profile = cluster.hardware_profile()
     details = {"checkpoint": checkpoint.label, "quantized": checkpoint.quantized, "eval_gate": checkpoint.gate,
                "eval_gate_reasons": list(checkpoint.reasons), "hardware_profile": profile.key, "cpu_amx": profile.amx,
-               "target_concurrency": cost_model["target_concurrency"]}
+               "target_concurrency": cost_model["target_concurrency"], "run_id": context.run_id}
     if quantized_checkpoint["is_llm"]:  # the router bounds max_tokens by it
         details["context_tokens"] = locate(Path(checkpoint.model_dir)).context_tokens
     if checkpoint.reasons:
@@ -170,10 +187,19 @@ def served_endpoint(
     for spec in specs:
         runtime = choose_runtime(spec.runtime, quantized_checkpoint["is_llm"])
         replicas = max(1, spec.scaling.min_replicas)
+        current = revisions.traffic().get(spec.name)
+        current_revision = revisions.get(current) if current else None
+        if current_revision is not None and current_revision.partition_key == context.partition_key:
+            context.log.info(f"{spec.name}: already serves {context.partition_key} ({current})")
+            served.append({"endpoint": spec.name, "revision": current, "previous_revision": None, "runtime": runtime,
+                           "replicas": current_revision.desired_replicas, "checkpoint": checkpoint.label,
+                           "target_concurrency": cost_model["target_concurrency"], "time_to_ready_s": 0.0,
+                           "url": f"{control_plane.router_url}/serving-endpoints/{spec.name}/invocations"})
+            continue
         revision = revisions.create(spec.name, context.partition_key, checkpoint.model_dir, runtime,
                                     spec.replica.model_dump(), replicas, details)
         started = time.monotonic()
-        result = driver.run(rollout(spec.name, revision.id, replicas))
+        result = _roll_out(driver, revisions, spec.name, revision.id, replicas, current)
         if result.superseded:
             context.log.warning(f"{spec.name}: {result.reason}")
             continue
@@ -185,7 +211,7 @@ def served_endpoint(
                        "url": f"{control_plane.router_url}/serving-endpoints/{spec.name}/invocations"})
     if not served:
         raise Failure(description=f"every endpoint's alias moved past {model} v{version} during the rollout; "
-                                  "nothing changed")
+                                  "nothing changed", allow_retries=False)
     first = served[0]
     return Output(served, metadata={
         "url": MetadataValue.url(first["url"]),

@@ -8,7 +8,8 @@ flavor, parameter count, signature and size as materialization metadata.
 
 import time
 
-from dagster import AssetExecutionContext, DynamicPartitionsDefinition, MetadataValue, Output, asset
+from dagster import (AssetExecutionContext, Backoff, DynamicPartitionsDefinition, MetadataValue, Output, RetryPolicy,
+                     asset)
 
 from assets.model_files import describe
 from pipelines.registry import parse_partition_key
@@ -16,6 +17,9 @@ from pipelines.resources import ModelStoreResource, RegistryResource
 
 #: One partition per registered model version, keyed "<model>.v<version>".
 model_versions = DynamicPartitionsDefinition(name="model_versions")
+#: Deploy steps retry transient failures (the registry unreachable, a replica that did not come
+#: up) within the run, 10 s then 20 s later; a ``Failure(allow_retries=False)`` is a decision.
+DEPLOY_RETRIES = RetryPolicy(max_retries=2, delay=10, backoff=Backoff.EXPONENTIAL)
 
 
 @asset(
@@ -23,6 +27,7 @@ model_versions = DynamicPartitionsDefinition(name="model_versions")
     group_name="deploy",
     kinds={"mlflow"},
     description="The registered model version, downloaded from MLflow and described.",
+    retry_policy=DEPLOY_RETRIES,
 )
 def source_model(
     context: AssetExecutionContext, registry: RegistryResource, model_store: ModelStoreResource

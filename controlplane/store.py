@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from pydantic import ValidationError
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from controlplane.schema import EndpointRow, WebhookInboxRow
+from controlplane.schema import EndpointRow, RevisionRow, TokenRow, TrafficRow, WebhookInboxRow
 from controlplane.specs import EndpointSpec, SpecError, format_validation_error
 
 Clock = Callable[[], datetime]
@@ -76,11 +76,28 @@ class EndpointStore:
             return loaded
 
     def delete(self, name: str) -> bool:
+        """Remove the spec and, in the same transaction, everything that made the endpoint live.
+
+        Its traffic row goes, its revisions are retired (the cluster backend stops their
+        replicas), tokens scoped to it alone are revoked and the others lose it from their
+        scope, so a new endpoint of the same name starts clean. True when it existed.
+        """
+        now = self._now()
         with Session(self._engine) as session, session.begin():
             row = session.get(EndpointRow, name)
             if row is None:
                 return False
             session.delete(row)
+            session.execute(delete(TrafficRow).where(TrafficRow.endpoint == name))
+            session.execute(update(RevisionRow).where(RevisionRow.endpoint == name,
+                                                      RevisionRow.state.not_in(("retired", "failed")))
+                            .values(state="retired", desired_replicas=0, updated_at=now))
+            for token in session.scalars(select(TokenRow).where(TokenRow.revoked_at.is_(None))):
+                if name in token.endpoints:
+                    remaining = [endpoint for endpoint in token.endpoints if endpoint != name]
+                    token.endpoints = remaining
+                    if not remaining and not token.admin:
+                        token.revoked_at = now
             return True
 
 

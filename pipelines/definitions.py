@@ -16,7 +16,7 @@ from pipelines.cost_sensor import cost_model_sensor
 from pipelines.jobs import cost_model_job, deploy_job
 from pipelines.resources import (ClusterResource, ControlPlaneResource, ModelStoreResource, QuantizerResource,
                                  RegistryResource)
-from pipelines.sensors import registry_sensor
+from pipelines.sensors import registry_sensor, revision_reaper_sensor
 
 
 def build_resources(settings: Settings) -> dict:
@@ -33,6 +33,6 @@ defs = Definitions(
     assets=[source_model, quantized_checkpoint, cost_model, served_endpoint],
     asset_checks=[eval_gate],
     jobs=[deploy_job, cost_model_job],
-    sensors=[registry_sensor, cost_model_sensor],
+    sensors=[registry_sensor, revision_reaper_sensor, cost_model_sensor],
     resources=build_resources(Settings.from_env()),
 )

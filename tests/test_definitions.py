@@ -1,5 +1,6 @@
 """The Dagster code location loads and has the documented shape."""
 
+import pytest
 from dagster import Definitions
 
 from pipelines.definitions import defs
@@ -9,13 +10,34 @@ def test_definitions_validate():
     Definitions.validate_loadable(defs)
 
 
-def test_deploy_job_covers_the_deploy_group_partitioned_by_model_version():
+DEPLOY_ASSETS = {"source_model", "quantized_checkpoint", "cost_model", "served_endpoint"}
+
+
+def test_deploy_job_is_exactly_the_deploy_steps_and_the_gate_partitioned_by_model_version():
     job = defs.resolve_job_def("deploy")
     assert job.partitions_def.name == "model_versions"
-    assert {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()} >= {"source_model"}
+    assert {key.to_user_string() for key in job.asset_layer.executable_asset_keys} == DEPLOY_ASSETS
+    checks = defs.resolve_asset_graph().asset_check_keys
+    assert {(c.asset_key.to_user_string(), c.name) for c in checks} == {("quantized_checkpoint", "eval_gate")}
 
 
-def test_registry_sensor_targets_the_deploy_job_and_runs_by_default():
-    sensor = defs.resolve_sensor_def("registry_sensor")
-    assert sensor.job_name == "deploy"
+def test_the_measuring_steps_share_one_pool_and_the_instance_limits_it_to_one():
+    from pathlib import Path
+
+    import yaml
+
+    graph = defs.resolve_asset_graph()
+    pools = {key.to_user_string(): graph.get(key).pools for key in graph.get_all_asset_keys()}
+    assert pools["quantized_checkpoint"] == pools["cost_model"] == {"modelplane-measurement"}
+    assert pools["source_model"] == pools["served_endpoint"] == set()
+    instance = yaml.safe_load((Path(__file__).parent.parent / "dagster.yaml").read_text())
+    assert instance["concurrency"]["pools"]["default_limit"] == 1
+    assert instance["run_monitoring"]["enabled"] is True
+
+
+@pytest.mark.parametrize("name, job", [("registry_sensor", "deploy"), ("revision_reaper_sensor", None),
+                                       ("cost_model_sensor", "remeasure_cost")])
+def test_every_sensor_runs_by_default(name, job):
+    sensor = defs.resolve_sensor_def(name)
     assert sensor.default_status.value == "RUNNING"
+    assert (sensor.job_name if sensor.has_jobs else None) == job

@@ -222,6 +222,8 @@ def test_with_on_failure_block_a_refused_first_version_serves_nothing(deployment
     assert not evaluation.passed and evaluation.severity.value == "ERROR"
     assert "eval_gate.on_failure: block" in str(evaluation.metadata["decision"].value)
     assert deployment.serving_revision("blocked") is None
+    # the registry sensor reads this tag and does not ask for the same refused version again
+    assert deployment.instance.get_run_by_id(result.run_id).tags["modelplane/gate"] == "refused"
 
 
 def test_an_fp8_checkpoint_is_produced_loads_on_the_cpu_engine_and_passes(deployment):

@@ -127,7 +127,7 @@ IRIS_REQUEST = {"dataframe_split": {"columns": ["sepal length (cm)", "sepal widt
                                                 "petal width (cm)"], "data": [[5.1, 3.5, 1.4, 0.2]]}}
 
 
-def test_a_registered_version_is_deployed_once_and_answers_through_the_router(platform):
+def test_a_registered_version_is_deployed_and_answers_through_the_router(platform):
     created = platform.cli("endpoints", "create", "-f", "examples/endpoints/iris.yaml")
     assert created.returncode == 0, created.stderr
     register(platform, REGISTER_IRIS)  # through the MLflow server, as a data scientist would
@@ -198,6 +198,22 @@ def test_redeploying_under_a_steady_request_loop_fails_no_request(platform):
         sender.join()
     assert len(statuses) > 50
     assert set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+
+
+def test_moving_the_alias_back_serves_the_old_version_again_without_rebuilding_it(platform):
+    """The usual MLflow rollback: the endpoint converges to what the alias names, and only rolls out."""
+    register(platform, "import sys; from mlflow import MlflowClient; MlflowClient(sys.argv[1], sys.argv[1])"
+                       ".set_registered_model_alias('iris', 'champion', '1')")
+    rollback = wait_for(lambda: [r for r in runs(platform, "iris.v1") if r["status"] in ("SUCCESS", "FAILURE")
+                                 and {t["key"]: t["value"] for t in r["tags"]}.get("modelplane/reuse") == "true"],
+                        300, "the rollback run")[0]
+    assert rollback["status"] == "SUCCESS"
+    status = wait_for(lambda: (lambda out: out if "(iris.v1)" in out else None)(
+        platform.cli("endpoints", "status", "iris").stdout), 60, "iris serving v1 again")
+    assert "serving revision iris-v1-" in status
+    answer = httpx.post(f"{platform.url('router')}/serving-endpoints/iris/invocations", json=IRIS_REQUEST,
+                        headers={"Authorization": f"Bearer {token(platform, 'iris')}"}, timeout=30)
+    assert answer.status_code == 200, answer.text
 
 
 def test_sigterm_stops_every_process_it_started(platform):

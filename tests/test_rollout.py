@@ -2,7 +2,7 @@
 
 import pytest
 
-from assets.rollout import Drain, Retire, RolloutResult, Route, Start, StillCurrent, WaitReady, rollout
+from assets.rollout import Drain, Retire, RolloutResult, Route, Start, StillCurrent, Superseded, WaitReady, rollout
 from assets.served_endpoint import RolloutDriver, choose_runtime
 from cluster.fake import InMemoryCluster
 from controlplane.revisions import RevisionStore
@@ -61,7 +61,7 @@ def test_driver_moves_traffic_and_retires_the_old_revision(migrated_engine, monk
     old = store.create("gec", "gec.v1", "/models/gec/v1", "vllm", {}, 1)
     assert driver.run(rollout("gec", old.id, 1)).ok
     new = store.create("gec", "gec.v2", "/models/gec/v2", "vllm", {}, 2)
-    result = driver.run(rollout("gec", new.id, 2))
+    result = driver.run(rollout("gec", new.id, 2, expected_previous=old.id))
 
     assert result == RolloutResult(ok=True, revision_id=new.id, previous_revision_id=old.id)
     assert store.traffic() == {"gec": new.id}
@@ -80,8 +80,24 @@ def test_driver_gives_up_on_a_revision_that_stays_unready(migrated_engine):
     assert cluster.replicas() == []
 
 
-def test_revision_ids_count_redeploys_of_one_version(migrated_engine):
-    store = RevisionStore(migrated_engine)
-    first = store.create("gec", "gec.v3", "/m", "vllm", {}, 1)
-    second = store.create("gec", "gec.v3", "/m", "vllm", {}, 1)
-    assert (first.id, second.id) == ("gec-gec-v3-1", "gec-gec-v3-2")
+def test_a_rollout_that_lost_the_race_for_the_traffic_retires_its_revision(migrated_engine, monkeypatch):
+    cluster, store = InMemoryCluster(), RevisionStore(migrated_engine)
+    driver = RolloutDriver(cluster, store, log=lambda _m: None, drain_grace_s=0, poll_s=0.01)
+    monkeypatch.setattr(RolloutDriver, "_drain", lambda self, rid: store.set_state(rid, "draining"))
+    old = store.create("gec", "gec.v1", "/m", "vllm", {}, 1)
+    driver.run(rollout("gec", old.id, 1))
+    slow = store.create("gec", "gec.v2", "/m", "vllm", {}, 1)  # began while v1 served …
+    fast = store.create("gec", "gec.v3", "/m", "vllm", {}, 1)
+    assert driver.run(rollout("gec", fast.id, 1, expected_previous=old.id)).ok  # … v3 routed first
+    result = driver.run(rollout("gec", slow.id, 1, expected_previous=old.id))
+    assert result.superseded and not result.ok and fast.id in result.reason
+    assert store.traffic() == {"gec": fast.id}
+    assert store.get(slow.id).state == "retired"
+    assert [r.revision_id for r in cluster.replicas()] == [fast.id]
+
+
+def test_drive_a_superseded_switch_by_hand():
+    actions, result = drive(rollout("gec", "r3", 1, expected_previous="r1"),
+                            {WaitReady: True, StillCurrent: True, Route: Superseded("r2")})
+    assert actions[-2:] == [Route("gec", "r3", "r1"), Retire("r3")]
+    assert result.superseded and "r2" in result.reason
