@@ -189,6 +189,7 @@ class Platform:
 
     def start(self) -> None:
         settings = self.settings
+        os.umask(0o077)  # every file `up` and its services create is their owner's alone
         settings.ensure_dirs()
         self._acquire_lock()
         try:

@@ -130,8 +130,11 @@ class Settings(BaseModel):
         return f"http://{self.host}:{self.ports.admin_port}"
 
     def ensure_dirs(self) -> None:
+        """Create the state directories, readable by their owner only (0700): they hold the
+        databases, the logs (which may show request bodies) and the secrets."""
         for path in (self.home, self.mlflow_artifacts_dir, self.dagster_home, self.models_dir, self.logs_dir):
-            path.mkdir(parents=True, exist_ok=True)
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path.chmod(0o700)
 
     def secrets(self) -> "Secrets":
         return Secrets.load_or_create(self.secrets_path)

@@ -4,7 +4,9 @@ Resources are built from ``controlplane.settings.Settings`` (environment variabl
 ``modelplane up``), with the same keys in every deployment.
 """
 
-from dagster import Definitions
+import os
+
+from dagster import Definitions, EnvVar
 
 from assets.cost_model import cost_model
 from assets.eval_gate import eval_gate
@@ -12,6 +14,8 @@ from assets.quantized_checkpoint import quantized_checkpoint
 from assets.served_endpoint import served_endpoint
 from assets.source_model import source_model
 from controlplane.settings import Settings
+
+DATABASE_URL_ENV = "MODELPLANE_DATABASE_URL"
 from pipelines.cost_sensor import cost_model_sensor
 from pipelines.jobs import cost_model_job, deploy_job
 from pipelines.resources import (ClusterResource, ControlPlaneResource, ModelStoreResource, QuantizerResource,
@@ -19,10 +23,17 @@ from pipelines.resources import (ClusterResource, ControlPlaneResource, ModelSto
 from pipelines.sensors import registry_sensor, revision_reaper_sensor
 
 
+def database_url(settings: Settings, environ=os.environ):
+    """The control-plane URL as Dagster should hold it: by the name of its environment variable
+    where there is one (``modelplane up`` sets it), so the URL, which may carry a password,
+    never shows in the Dagster UI's resource configuration."""
+    return EnvVar(DATABASE_URL_ENV) if environ.get(DATABASE_URL_ENV) else settings.database_url
+
+
 def build_resources(settings: Settings) -> dict:
     return {
-        "control_plane": ControlPlaneResource(database_url=settings.database_url, router_url=settings.router_url),
-        "cluster": ClusterResource(backend="local", database_url=settings.database_url),
+        "control_plane": ControlPlaneResource(database_url=database_url(settings), router_url=settings.router_url),
+        "cluster": ClusterResource(backend="local", database_url=database_url(settings)),
         "registry": RegistryResource(tracking_uri=settings.mlflow_tracking_uri),
         "model_store": ModelStoreResource(root_dir=str(settings.models_dir)),
         "quantizer": QuantizerResource(python=str(settings.quantize_python)),

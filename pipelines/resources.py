@@ -17,14 +17,14 @@ from cluster.hardware import HardwareProfile, detect_local
 from cluster.local.backend import LocalCluster
 from cluster.protocol import Cluster
 from controlplane.db import make_engine
-from controlplane.settings import OFFLINE_ENV, REPO_ROOT
+from controlplane.settings import OFFLINE_ENV, REPO_ROOT, normalize_database_url
 from controlplane.store import EndpointStore, WebhookInbox
 from pipelines.registry import MlflowRegistry, ModelRegistry
 
 
 @lru_cache(maxsize=8)
 def _engine(database_url: str) -> Engine:
-    return make_engine(database_url)
+    return make_engine(normalize_database_url(database_url))
 
 
 class ControlPlaneResource(ConfigurableResource):

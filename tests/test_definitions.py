@@ -41,3 +41,16 @@ def test_every_sensor_runs_by_default(name, job):
     sensor = defs.resolve_sensor_def(name)
     assert sensor.default_status.value == "RUNNING"
     assert (sensor.job_name if sensor.has_jobs else None) == job
+
+
+def test_the_database_url_is_held_by_the_name_of_its_variable_so_the_ui_never_shows_it(monkeypatch):
+    from dagster import EnvVar
+
+    from controlplane.settings import Settings
+    from pipelines.definitions import build_resources
+
+    monkeypatch.setenv("MODELPLANE_DATABASE_URL", "postgresql://modelplane:s3cret@db.internal/modelplane")
+    resources = build_resources(Settings.from_env())
+    for key in ("control_plane", "cluster"):
+        assert resources[key].database_url == EnvVar("MODELPLANE_DATABASE_URL")
+        assert "s3cret" not in repr(resources[key])

@@ -78,6 +78,16 @@ def test_up_prints_the_urls_and_every_service_answers(platform):
     assert httpx.get(f"{platform.url('router')}/healthz").json()["status"] == "ok"
 
 
+def test_the_state_directory_is_readable_by_its_owner_only(platform):
+    import stat
+
+    assert stat.S_IMODE(platform.home.stat().st_mode) == 0o700
+    shared = [path for path in platform.home.rglob("*")
+              if path.is_file() and path.name != "up.out" and path.stat().st_mode & 0o077]  # up.out: this test's capture
+    assert shared == [], [(str(p), oct(p.stat().st_mode)) for p in shared[:5]]
+    assert (platform.home / "controlplane.db").is_file() and (platform.home / "secrets.json").is_file()
+
+
 def test_a_second_up_says_it_is_already_running_and_exits_nonzero(platform):
     started = time.monotonic()
     second = platform.cli("up")

@@ -81,11 +81,15 @@ def test_plan_and_backoff_are_pure():
     assert [restart_delay_s(n, 0.5, 4.0) for n in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
 
 
-def test_replicas_start_get_ready_restart_after_sigkill_and_stop(running, iris_dir):
+def test_replicas_start_get_ready_restart_after_sigkill_and_stop(running, iris_dir, monkeypatch):
     cluster, supervisor = running
+    monkeypatch.setenv("MODELPLANE_DATABASE_URL", "postgresql://modelplane:s3cret@db.internal/modelplane")
     cluster.apply(RevisionSpec("iris-r1", "iris", str(iris_dir), "pyfunc", replicas=2))
     replicas = wait_for(ready(cluster, "iris-r1", 2), 120, "two ready replicas")
     assert all(predict(r.url).status_code == 200 for r in replicas)
+    for managed in supervisor.replicas.values():  # model code never sees the control plane's secrets
+        environ = open(f"/proc/{managed._process.pid}/environ", "rb").read()
+        assert b"MODELPLANE_DATABASE_URL" not in environ and b"s3cret" not in environ
 
     victim = replicas[0]
     pid = supervisor.replicas[victim.replica_id]._process.pid

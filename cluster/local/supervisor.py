@@ -39,6 +39,7 @@ from controlplane.schema import ReplicaRow, RevisionRow
 from controlplane.store import utc_now
 from serving.runtime.base import ReplicaRuntime, RuntimeConfig
 from serving.runtime.liveness import LivenessConfig, LivenessState, Verdict, decide
+from serving.runtime.process import replica_environment
 from serving.runtime.registry import runtime_for
 
 log = logging.getLogger("modelplane.supervisor")
@@ -174,7 +175,7 @@ class ManagedReplica:
         with self._process_lock, self._log_path.open("ab") as log_file:
             if self._stop.is_set():
                 return "stopped"
-            self._process = subprocess.Popen(launch.argv, env={**os.environ, **launch.env}, stdout=log_file,
+            self._process = subprocess.Popen(launch.argv, env=replica_environment(launch.env), stdout=log_file,
                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              start_new_session=True)
         error = "stopped"

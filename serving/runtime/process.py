@@ -18,6 +18,26 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+# What control-plane processes hold and a replica must not: a replica runs model code, and a
+# model is whatever was registered. It gets none of these from the environment it starts in.
+CONTROL_PLANE_ONLY_ENV = frozenset({
+    "MODELPLANE_DATABASE_URL",  # may hold the PostgreSQL password
+    "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY",  # decrypts the webhook signing secret MLflow stores
+    "PGPASSWORD", "PGPASSFILE", "DAGSTER_PG_PASSWORD",
+})
+
+
+def replica_environment(launch_env: dict[str, str], base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a replica process starts with: ``base`` (this process's) minus the
+    control plane's secrets, plus what the runtime asked for.
+
+    >>> replica_environment({"OMP_NUM_THREADS": "2"}, {"PATH": "/bin", "MODELPLANE_DATABASE_URL": "postgresql://…"})
+    {'PATH': '/bin', 'OMP_NUM_THREADS': '2'}
+    """
+    base = os.environ if base is None else base
+    return {**{k: v for k, v in base.items() if k not in CONTROL_PLANE_ONLY_ENV}, **launch_env}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -61,7 +81,7 @@ def running_server(argv: list[str], env: dict[str, str], port: int, log_path: Pa
     base = f"http://127.0.0.1:{port}"
     started = time.monotonic()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(argv, env=replica_environment(env), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, cwd=cwd)
     try:
         while True:
