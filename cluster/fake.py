@@ -19,6 +19,8 @@ class InMemoryCluster:
         self._reconcile(spec.revision_id)
 
     def scale(self, revision_id: str, replicas: int) -> None:
+        if replicas < 0:
+            raise ValueError("replicas must be >= 0")
         if revision_id not in self.revisions:
             raise KeyError(f"no revision {revision_id!r}")
         spec = self.revisions[revision_id]

@@ -40,7 +40,7 @@ class Cluster(Protocol):
         """Create the revision, or update it to ``spec`` (idempotent)."""
 
     def scale(self, revision_id: str, replicas: int) -> None:
-        """Set the desired replica count; raises KeyError for an unknown revision."""
+        """Set the desired replica count; KeyError for an unknown revision, ValueError below 0."""
 
     def replicas(self, revision_id: str | None = None) -> list[Replica]:
         """Current replicas, of one revision or of all."""

@@ -20,7 +20,7 @@ class FakeReplica:
         self.name = name
         # "ok" | "close" (drop the connection after reading the request, before answering) |
         # "stall" (read the request, never answer) | "huge" (answer with a body of ``huge_bytes``) |
-        # "cut" (stream two chunks, then drop the connection)
+        # "cut" (stream two chunks, then drop the connection) | "error" (answer 500 with a JSON body)
         self.behaviour = behaviour
         self.huge_bytes = 4 << 20
         self.requests: list[tuple[str, dict]] = []
@@ -83,6 +83,8 @@ class FakeReplica:
         await self._maybe_close(request)
         payload = await request.json()
         self.requests.append((request.path, payload))
+        if self.behaviour == "error":
+            return web.json_response({"object": "error", "message": "engine failed", "code": 500}, status=500)
         if self.behaviour == "huge":
             return web.Response(body=b"x" * self.huge_bytes, content_type="application/json")
         if self.behaviour == "cut":

@@ -31,3 +31,81 @@ def test_fake_cluster_scales_and_deletes_like_the_protocol_says():
     cluster.delete("r1")
     cluster.delete("r1")  # idempotent
     assert cluster.replicas() == []
+
+
+# ---- one contract, both backends ------------------------------------------------------------------
+
+@pytest.fixture(params=["in-memory", pytest.param("local", marks=pytest.mark.slow)])
+def backend(request, tmp_path):
+    """(cluster, model dir, wait): the fake, or the local backend with a real supervisor and pyfunc replicas.
+
+    ``wait(predicate, what)`` returns the predicate's value once it holds: at once for the fake,
+    within two minutes for the local backend, whose supervisor converges in the background.
+    """
+    from tests.conftest import wait_for
+
+    if request.param == "in-memory":
+        def immediately(predicate, what):
+            value = predicate()
+            assert value, what
+            return value
+
+        yield InMemoryCluster(), "/models/iris/v1", immediately
+        return
+    import threading
+
+    from cluster.local.backend import LocalCluster
+    from cluster.local.supervisor import Supervisor, SupervisorConfig
+    from controlplane import db
+
+    iris_dir = request.getfixturevalue("iris_model_dir")
+    url = f"sqlite:///{tmp_path / 'cp.db'}"
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    supervisor = Supervisor(engine, tmp_path / "logs", SupervisorConfig(restart_backoff_initial_s=0.2))
+    stop = threading.Event()
+    thread = threading.Thread(target=supervisor.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield LocalCluster(engine), str(iris_dir), lambda predicate, what: wait_for(predicate, 120, what)
+    finally:
+        stop.set()
+        thread.join(60)
+        engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def iris_model_dir(tmp_path_factory):
+    from mlflow import MlflowClient
+
+    from demo.iris import log_iris
+    from pipelines.registry import MlflowRegistry
+
+    root = tmp_path_factory.mktemp("iris")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    MlflowClient(tracking_uri=uri).create_experiment("modelplane-demo", artifact_location=(root / "a").as_uri())
+    log_iris(uri)
+    return MlflowRegistry(uri).download("iris", "1", root / "model")
+
+
+def test_every_backend_keeps_the_cluster_contract(backend):
+    cluster, model_dir, wait = backend
+    spec = RevisionSpec("iris-r1", "iris", model_dir, "pyfunc", replicas=2)
+    cluster.apply(spec)
+    cluster.apply(spec)  # idempotent: still two replicas
+    ready = wait(lambda: (lambda rs: rs if len(rs) == 2 and all(r.ready for r in rs) else None)(
+        cluster.replicas("iris-r1")), "two ready replicas")
+    assert [r.replica_id for r in ready] == ["iris-r1-0", "iris-r1-1"]
+    assert len({r.url for r in ready}) == 2 and all(r.revision_id == "iris-r1" for r in ready)
+    assert {r.replica_id for r in cluster.replicas()} >= {"iris-r1-0", "iris-r1-1"}
+
+    cluster.scale("iris-r1", 1)
+    wait(lambda: [r.replica_id for r in cluster.replicas("iris-r1")] == ["iris-r1-0"], "scale down to one")
+    with pytest.raises(KeyError):
+        cluster.scale("no-such-revision", 1)
+    with pytest.raises(ValueError):
+        cluster.scale("iris-r1", -1)
+
+    cluster.delete("iris-r1")
+    cluster.delete("iris-r1")  # idempotent
+    wait(lambda: cluster.replicas("iris-r1") == [], "the revision's replicas to go")

@@ -41,18 +41,41 @@ def points_of(samples: list[RequestSample]) -> list[SweepPoint]:
 # ---- fitting -----------------------------------------------------------------------------------
 
 @settings(max_examples=60, deadline=None)
+def standard_errors(samples: list[RequestSample], noise: float) -> np.ndarray:
+    """The least-squares standard errors of (α, β, γ) for these shapes under ±``noise`` uniform noise.
+
+    Noise proportional to latency is heteroscedastic, so the covariance is the sandwich
+    (XᵀX)⁻¹ Xᵀ Σ X (XᵀX)⁻¹ with Σ = diag(σᵢ²), σᵢ = latencyᵢ · noise / √3 (a uniform's sd).
+    """
+    x = np.array([[s.input_tokens, s.output_tokens, 1.0] for s in samples])
+    sigma = np.array([s.latency_ms for s in samples]) * noise / np.sqrt(3)
+    bread = np.linalg.inv(x.T @ x)
+    covariance = bread @ x.T @ np.diag(sigma**2) @ x @ bread
+    return np.sqrt(np.diag(covariance))
+
+
 @given(alpha=st.floats(0.01, 2.0), beta=st.floats(1.0, 50.0), gamma=st.floats(0.0, 200.0),
        seed=st.integers(0, 2**32 - 1))
 def test_fit_recovers_known_coefficients_through_five_percent_noise(alpha, beta, gamma, seed):
+    """Each coefficient within 5 standard errors of the truth: what the noise allows, and no more.
+
+    A fit that dropped a term, swapped two, or had a bias of a few standard errors fails here
+    (a tolerance of 10 % of the mean latency, as before, let α and γ near zero pass whatever
+    the fit said)."""
     samples = synthetic_samples(alpha, beta, gamma, noise=0.05, seed=seed)
     fitted = fit_level(samples, 4)
-    mean_latency_ms = float(np.mean([s.latency_ms for s in samples]))
-    # Within 15 % of the truth, or the term at the largest shape is off by under 10 % of the mean
-    # latency: ±5 % noise on a 3 s request cannot pin down a term worth 4 ms (α = 0.01 × 384).
-    for estimate, truth, lever in ((fitted.alpha_ms_per_input_token, alpha, max(INPUTS)),
-                                   (fitted.beta_ms_per_output_token, beta, max(OUTPUTS)),
-                                   (fitted.gamma_ms, gamma, 1)):
-        assert abs(estimate - truth) <= 0.15 * truth + 0.10 * mean_latency_ms / lever
+    estimates = (fitted.alpha_ms_per_input_token, fitted.beta_ms_per_output_token, fitted.gamma_ms)
+    for estimate, truth, se in zip(estimates, (alpha, beta, gamma), standard_errors(samples, 0.05)):
+        assert abs(estimate - truth) <= 5 * se + 1e-9 * max(truth, 1.0), (estimate, truth, se)
+
+
+def test_the_tolerance_refuses_a_fit_that_drops_the_prompt_cost():
+    """What the bound above catches: a fit that lost the input-token term (α = 0 for a true 0.5).
+    Dropping γ would not be caught on these shapes: they pin γ down only to about ±12 ms."""
+    samples = synthetic_samples(0.5, 20.0, 30.0, noise=0.05, seed=1)
+    se = standard_errors(samples, 0.05)
+    assert abs(0.0 - 0.5) > 5 * se[0]  # α = 0 is far outside what the noise allows
+    assert se[2] > 10  # and γ is the loosely determined one, honestly
 
 
 @settings(max_examples=60, deadline=None)

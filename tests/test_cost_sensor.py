@@ -19,18 +19,18 @@ def tick(database_url: str, cursor: str | None = None):
     return cost_model_sensor(context)
 
 
-def test_a_serving_version_without_a_profile_for_this_hardware_gets_benchmarked(sqlite_url):
-    db.upgrade(sqlite_url)
-    engine = db.make_engine(sqlite_url)
+def test_a_serving_version_without_a_profile_for_this_hardware_gets_benchmarked(database_url):
+    db.upgrade(database_url)
+    engine = db.make_engine(database_url)
     revisions = RevisionStore(engine)
     revision = revisions.create("gec", "gec.v3", "/models/gec/v3/quantized", "vllm", {}, 1)
     revisions.route("gec", revision.id)
 
-    result = tick(sqlite_url)
+    result = tick(database_url)
     [request] = result.run_requests
     assert request.partition_key == "gec.v3"
     assert request.tags["modelplane/cost_model_reason"] == f"missing: no cost profile for {detect_local().key}"
-    assert tick(sqlite_url, result.cursor).run_requests == []  # not again within the retry period
+    assert tick(database_url, result.cursor).run_requests == []  # not again within the retry period
 
     CostProfileStore(engine).put("gec.v3", detect_local().key, {"levels": []}, 4, "new version")
-    assert tick(sqlite_url).run_requests == []
+    assert tick(database_url).run_requests == []

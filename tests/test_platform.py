@@ -30,12 +30,14 @@ RUNS_QUERY = """query($tags: [ExecutionTag!]) { runsOrError(filter: {tags: $tags
 
 
 class RunningPlatform:
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, database_url: str | None = None) -> None:
         self.home = home
         self.ports = {"MODELPLANE_MLFLOW_PORT": free_port(), "MODELPLANE_DAGSTER_PORT": free_port(),
                       "MODELPLANE_ADMIN_PORT": free_port(), "MODELPLANE_ROUTER_PORT": free_port()}
         self.env = {**os.environ, "MODELPLANE_HOME": str(home), **{k: str(v) for k, v in self.ports.items()}}
         self.env.pop("MODELPLANE_DATABASE_URL", None)
+        if database_url:
+            self.env["MODELPLANE_DATABASE_URL"] = database_url
         self.env.pop("MLFLOW_TRACKING_URI", None)
         self.output = home / "up.out"
         home.mkdir(parents=True, exist_ok=True)
@@ -248,3 +250,21 @@ def test_sigterm_while_starting_stops_what_had_started(tmp_path):
     assert starting.process.wait(timeout=90) != 0  # interrupted, not a clean run
     _, alive = psutil.wait_procs(descendants, timeout=10)
     assert alive == []
+
+
+def test_up_on_postgresql_deploys_and_serves(postgres_url, tmp_path):
+    """The control plane on PostgreSQL: the supervisor, the router, the sensors and a deploy run."""
+    running = RunningPlatform(tmp_path / "home", database_url=postgres_url)
+    try:
+        wait_for(lambda: "modelplane is up" in running.log() or running.process.poll() is not None, 300, "`up`")
+        assert running.process.poll() is None, running.log()
+        assert not (running.home / "controlplane.db").exists()  # nothing went to SQLite
+        assert running.cli("endpoints", "create", "-f", "examples/endpoints/iris.yaml").returncode == 0
+        register(running, REGISTER_IRIS)
+        assert finished_run(running, "iris.v1", 300)["status"] == "SUCCESS"
+        answer = httpx.post(f"{running.url('router')}/serving-endpoints/iris/invocations", json=IRIS_REQUEST,
+                            headers={"Authorization": f"Bearer {token(running, 'iris')}"}, timeout=30)
+        assert answer.status_code == 200, answer.text
+    finally:
+        running.process.send_signal(signal.SIGTERM)
+        running.process.wait(timeout=90)

@@ -61,6 +61,18 @@ def test_connection_refused_is_still_retried_on_another_replica():
     assert [a.status_code for a in answers] == [200] * 6
 
 
+@pytest.mark.parametrize("gec", ["error"], indirect=True)
+def test_a_replica_answering_5xx_is_relayed_with_its_message_and_not_retried(gec):
+    bad, good = gec
+    with make_router(table_for([bad.url, good.url], [])) as client:
+        answers = [client.post("/v1/chat/completions", json=CHAT_BODY, headers=auth(GEC_TOKEN)) for _ in range(8)]
+        metrics = client.get("/metrics").text
+    failed = [a for a in answers if a.status_code == 500]
+    assert failed and all(a.json()["message"] == "engine failed" for a in failed)
+    assert len(failed) == len(bad.requests) and len(good.requests) == 8 - len(failed)  # none moved over
+    assert f'modelplane_router_requests_total{{code="500",endpoint="gec"}} {float(len(failed))}' in metrics
+
+
 @pytest.mark.parametrize("gec", ["huge"], indirect=True)
 def test_an_oversize_buffered_answer_is_a_502_with_a_message(gec):
     bad, _ = gec

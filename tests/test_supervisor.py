@@ -38,12 +38,13 @@ QUICK_LIVENESS = LivenessConfig(idle_probe_after_s=2.0, hang_after_s=3.0, probe_
 
 
 @pytest.fixture
-def supervise(sqlite_url, tmp_path):
-    """Start a supervisor with a given config; stopped (and its replicas with it) after the test."""
+def supervise(database_url, tmp_path):
+    """Start a supervisor with a given config, on SQLite and on PostgreSQL; stopped (and its
+    replicas with it) after the test."""
     from controlplane import db
 
-    db.upgrade(sqlite_url)
-    engine = db.make_engine(sqlite_url)
+    db.upgrade(database_url)
+    engine = db.make_engine(database_url)
     started = []
 
     def start(config: SupervisorConfig):
