@@ -17,6 +17,7 @@ the endpoint keeps serving the one it had.
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
@@ -28,6 +29,7 @@ from assets.rollout import Drain, Retire, RolloutResult, Route, Start, StillCurr
 from assets.source_model import DEPLOY_RETRIES, model_versions
 from cluster.protocol import Cluster, RevisionSpec
 from controlplane.revisions import RevisionStore, TrafficChanged
+from controlplane.routers import RouterStore
 from controlplane.specs import Runtime
 from pipelines.registry import parse_partition_key
 from pipelines.resources import ClusterResource, ControlPlaneResource, RegistryResource
@@ -52,10 +54,14 @@ class RolloutDriver:
     revisions: RevisionStore
     log: Callable[[str], None]
     wait_ready_timeout_s: float = 900.0
-    drain_grace_s: float = 2.0  # > the router's refresh interval: no new request reaches the old revision
     drain_timeout_s: float = 120.0
     poll_s: float = 0.5
     still_current: Callable[[str], bool] = lambda _endpoint: True  # noqa: E731 - endpoint → alias unchanged?
+    # Who must have seen a traffic switch before the replaced revision drains (None: no router,
+    # e.g. a cost sweep, whose revision no endpoint routes to).
+    routers: RouterStore | None = None
+    routers_timeout_s: float = 30.0
+    _routed_at: datetime | None = None
 
     def run(self, flow: Generator) -> RolloutResult:
         result = None
@@ -84,6 +90,7 @@ class RolloutDriver:
             except TrafficChanged as changed:
                 self.log(f"{action.endpoint}: traffic moved to {changed.current} during this rollout")
                 return Superseded(changed.current)
+            self._routed_at = datetime.now(timezone.utc)
             self.revisions.set_state(action.revision_id, "serving")
             self.log(f"{action.endpoint}: traffic → {action.revision_id}" + (f" (was {previous})" if previous else ""))
             return previous
@@ -114,11 +121,24 @@ class RolloutDriver:
         self.log(f"{action.revision_id}: not ready after {self.wait_ready_timeout_s:.0f} s")
         return False
 
+    def _wait_for_routers(self) -> None:
+        """Until every live router serves a table read after the traffic switch: from then on
+        none sends the replaced revision a new request."""
+        if self.routers is None or self._routed_at is None:
+            return
+        deadline = time.monotonic() + self.routers_timeout_s
+        while (lagging := self.routers.lagging(self._routed_at)) and time.monotonic() < deadline:
+            time.sleep(self.poll_s)
+        if lagging:
+            self.log(f"routers {', '.join(lagging)} still serve a table from before the switch after "
+                     f"{self.routers_timeout_s:.0f} s; draining anyway")
+
     def _drain(self, revision_id: str) -> None:
-        """Wait until the old revision has nothing in flight (or the drain timeout)."""
+        """Once no router routes to it any more, wait until the old revision has nothing in flight
+        (or the drain timeout)."""
         self.revisions.set_state(revision_id, "draining")
         revision = self.revisions.get(revision_id)
-        time.sleep(self.drain_grace_s)
+        self._wait_for_routers()
         runtime = runtime_for(revision.runtime)
         deadline = time.monotonic() + self.drain_timeout_s
         while time.monotonic() < deadline:
@@ -172,7 +192,7 @@ def served_endpoint(
                          f"; create a spec with model: models:/{model}@<alias>"), allow_retries=False)
     revisions = RevisionStore(control_plane.engine())
     aliases = {spec.name: spec.alias for spec in specs}
-    driver = RolloutDriver(cluster.client(), revisions, context.log.info,
+    driver = RolloutDriver(cluster.client(), revisions, context.log.info, routers=RouterStore(control_plane.engine()),
                            still_current=lambda endpoint: client.alias_version(model, aliases[endpoint]) == version)
     checkpoint = serving_checkpoint(quantized_checkpoint)
     profile = cluster.hardware_profile()

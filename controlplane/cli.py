@@ -72,13 +72,17 @@ def stop_on_signals() -> None:
 
 
 def serve_until_stopped(platform) -> int:
-    """Block until Ctrl-C, SIGTERM or SIGHUP (return 0), or until a service dies (return 1)."""
+    """Block until Ctrl-C, SIGTERM or SIGHUP (return 0). A service that dies is restarted
+    (the others keep serving); one that keeps dying ends `up` (return 1)."""
+    from controlplane.platform import PlatformError
+
     try:
         while True:
-            dead = platform.dead_services()
-            if dead:
-                names = ", ".join(f"{s.name} (exit {s.process.returncode})" for s in dead)
-                errors.print(f"[red]{names} stopped unexpectedly; see {platform.settings.logs_dir}[/red]")
+            try:
+                for line in platform.revive(time.monotonic()):
+                    errors.print(f"[yellow]{line}[/yellow]; see {platform.settings.logs_dir}", highlight=False)
+            except PlatformError as exc:
+                errors.print(f"[red]{exc}[/red]", highlight=False)
                 return 1
             time.sleep(0.5)
     except KeyboardInterrupt:

@@ -26,6 +26,7 @@ import httpx
 import psutil
 
 from controlplane import db
+from controlplane.backoff import restart_delay_s
 from controlplane.settings import OFFLINE_ENV, REPO_ROOT, Secrets, Settings
 from controlplane.webhooks import EVENTS
 
@@ -173,6 +174,9 @@ def build_services(settings: Settings) -> list[Service]:
 
 class Platform:
     def __init__(self, settings: Settings, *, log: Callable[[str], None] = print, start_timeout_s: float = 300.0) -> None:
+        self._env: dict[str, str] = {}
+        self._restarts: dict[str, list[float]] = {}  # service name → when it was restarted
+        self._due: dict[str, float] = {}  # service name → when its next restart is due
         self.settings = settings
         self.services = build_services(settings)
         self._log = log
@@ -205,6 +209,7 @@ class Platform:
             init_dagster_storage(settings.dagster_home)
             secrets = settings.secrets()
             env = child_environment(settings, secrets)
+            self._env = env
             for service in self.services:
                 self._spawn(service, env)
             for service in self.services:
@@ -245,6 +250,30 @@ class Platform:
 
     def dead_services(self) -> list[Service]:
         return [s for s in self.services if s.process is not None and s.process.poll() is not None]
+
+    def revive(self, now_s: float) -> list[str]:
+        """Restart services that died, each after a backoff (1, 2, 4 … 30 s), while the others
+        (the router, the supervisor's replicas) keep serving. Returns what it did, one line each.
+
+        Raises :class:`PlatformError` for a service that died ``MAX_RESTARTS`` times within
+        ``RESTART_WINDOW_S``: something is wrong that a restart does not mend.
+        """
+        done = []
+        for service in self.dead_services():
+            history = [t for t in self._restarts.get(service.name, []) if now_s - t < RESTART_WINDOW_S]
+            if len(history) >= MAX_RESTARTS:
+                raise PlatformError(f"{service.name} died {len(history)} times in {RESTART_WINDOW_S:.0f} s "
+                                    f"(last exit {service.process.returncode}); see "
+                                    f"{self.settings.logs_dir / (service.name + '.log')}")
+            due = self._due.setdefault(service.name, now_s + restart_delay_s(len(history) + 1, 1.0, 30.0))
+            if now_s < due:
+                continue
+            code = service.process.returncode
+            self._spawn(service, self._env)
+            self._restarts[service.name] = [*history, now_s]
+            del self._due[service.name]
+            done.append(f"{service.name} exited with code {code}; restarted it (restart {len(history) + 1})")
+        return done
 
     def urls(self) -> dict[str, str]:
         return {"Router": self.settings.router_url, "MLflow UI": self.settings.mlflow_url,
@@ -307,6 +336,10 @@ class Platform:
             fcntl.flock(self._lock_file, fcntl.LOCK_UN)
             self._lock_file.close()
             self._lock_file = None
+
+
+MAX_RESTARTS = 5  # a service dying this often within RESTART_WINDOW_S stops `up`
+RESTART_WINDOW_S = 600.0
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:

@@ -90,6 +90,16 @@ class ReplicaRow(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
+class RouterRow(Base):
+    """One router process and the routing table it serves: read from the database at ``table_read_at``."""
+
+    __tablename__ = "routers"
+
+    id: Mapped[str] = mapped_column(String(255), primary_key=True)  # host:port:pid
+    table_read_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
 class TokenRow(Base):
     """A bearer token. Only its SHA-256 is stored; the token itself is shown once."""
 

@@ -228,6 +228,62 @@ def test_moving_the_alias_back_serves_the_old_version_again_without_rebuilding_i
     assert answer.status_code == 200, answer.text
 
 
+def service_process(platform, module: str) -> psutil.Process | None:
+    """The live process of a service `up` started (None while there is none)."""
+    found = []
+    for process in psutil.Process(platform.process.pid).children(recursive=True):
+        try:
+            if process.status() != psutil.STATUS_ZOMBIE and module in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found[0] if found else None
+
+
+def pyfunc_pids() -> set[int]:
+    pids = set()
+    for process in psutil.process_iter():
+        try:
+            if "serving.runtime.pyfunc" in " ".join(process.cmdline()):
+                pids.add(process.pid)
+        except psutil.Error:
+            continue
+    return pids
+
+
+def test_a_service_that_dies_is_restarted_while_the_endpoints_keep_serving(platform):
+    """SIGKILL the admin API and the replica supervisor: `up` restarts both; the router never stops
+    answering, and the new supervisor adopts the running iris replica instead of restarting it."""
+    headers = {"Authorization": f"Bearer {token(platform, 'iris')}"}
+    url = f"{platform.url('router')}/serving-endpoints/iris/invocations"
+    replica_pids = pyfunc_pids()
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        with httpx.Client(timeout=30) as client:
+            while not stop.is_set():
+                statuses.append(client.post(url, json=IRIS_REQUEST, headers=headers).status_code)
+                time.sleep(0.05)
+
+    sender = threading.Thread(target=loop)
+    sender.start()
+    try:
+        for module in ("controlplane.admin_api", "cluster.local.supervisor"):
+            old = service_process(platform, module)
+            old.kill()
+            wait_for(lambda: getattr(service_process(platform, module), "pid", old.pid) != old.pid, 60,
+                     f"{module} restarted")
+        wait_for(lambda: httpx.get(f"{platform.url('admin')}/healthz").status_code == 200, 60, "the admin API back")
+        time.sleep(5)  # the new supervisor has looked at its replicas a few times
+    finally:
+        stop.set()
+        sender.join()
+    assert platform.process.poll() is None and "restarted it" in platform.log()
+    assert len(statuses) > 20 and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+    assert replica_pids and replica_pids <= pyfunc_pids()  # adopted, not restarted
+
+
 def test_sigterm_stops_every_process_it_started(platform):
     parent = psutil.Process(platform.process.pid)
     descendants = parent.children(recursive=True)

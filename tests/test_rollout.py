@@ -56,7 +56,7 @@ def test_runtime_follows_the_model_unless_the_spec_says_otherwise(requested, is_
 
 def test_driver_moves_traffic_and_retires_the_old_revision(migrated_engine, monkeypatch):
     cluster, store = InMemoryCluster(), RevisionStore(migrated_engine)
-    driver = RolloutDriver(cluster, store, log=lambda _m: None, drain_grace_s=0, poll_s=0.01)
+    driver = RolloutDriver(cluster, store, log=lambda _m: None, poll_s=0.01)
     monkeypatch.setattr(RolloutDriver, "_drain", lambda self, rid: store.set_state(rid, "draining"))
     old = store.create("gec", "gec.v1", "/models/gec/v1", "vllm", {}, 1)
     assert driver.run(rollout("gec", old.id, 1)).ok
@@ -82,7 +82,7 @@ def test_driver_gives_up_on_a_revision_that_stays_unready(migrated_engine):
 
 def test_a_rollout_that_lost_the_race_for_the_traffic_retires_its_revision(migrated_engine, monkeypatch):
     cluster, store = InMemoryCluster(), RevisionStore(migrated_engine)
-    driver = RolloutDriver(cluster, store, log=lambda _m: None, drain_grace_s=0, poll_s=0.01)
+    driver = RolloutDriver(cluster, store, log=lambda _m: None, poll_s=0.01)
     monkeypatch.setattr(RolloutDriver, "_drain", lambda self, rid: store.set_state(rid, "draining"))
     old = store.create("gec", "gec.v1", "/m", "vllm", {}, 1)
     driver.run(rollout("gec", old.id, 1))

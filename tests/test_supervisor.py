@@ -202,3 +202,37 @@ def test_a_status_write_through_a_locked_database_lands_once_the_lock_goes(sqlit
         stop.set()
         thread.join(60)
         engine.dispose()
+
+
+def test_a_new_supervisor_adopts_the_healthy_replicas_of_one_that_crashed(supervise, iris_dir, database_url, tmp_path):
+    from controlplane import db
+
+    engine = db.make_engine(database_url)
+    crashed = Supervisor(engine, tmp_path / "logs", SupervisorConfig())
+    cluster = LocalCluster(engine)
+    cluster.apply(RevisionSpec("iris-r1", "iris", str(iris_dir), "pyfunc", replicas=2))
+
+    def reconciled_ready():
+        crashed.reconcile_once()
+        return ready(cluster, "iris-r1", 2)()
+
+    before = {r.replica_id: r for r in wait_for(reconciled_ready, 120, "two ready replicas")}
+    pids = {rid: m._process.pid for rid, m in crashed.replicas.items()}
+    for managed in crashed.replicas.values():  # the supervisor dies; its replica processes do not
+        managed._stop.set()
+    os.kill(pids["iris-r1-1"], signal.SIGKILL)  # … except this one, which a new supervisor must restart
+
+    _, supervisor = supervise(SupervisorConfig(restart_backoff_initial_s=0.2))
+    def restarted():
+        managed = supervisor.replicas.get("iris-r1-1")
+        process = managed and managed._process
+        return process and process.pid != pids["iris-r1-1"] and [
+            r for r in cluster.replicas("iris-r1") if r.replica_id == "iris-r1-1" and r.ready]
+
+    wait_for(restarted, 120, "the dead replica started again")
+    adopted = supervisor.replicas["iris-r1-0"]
+    assert adopted._process.pid == pids["iris-r1-0"]  # the same process: not restarted
+    [survivor] = [r for r in cluster.replicas("iris-r1") if r.replica_id == "iris-r1-0"]
+    assert survivor.ready and survivor.url == before["iris-r1-0"].url and survivor.restarts == 0
+    assert predict(survivor.url).status_code == 200
+    engine.dispose()

@@ -9,7 +9,9 @@ with exponential backoff, when it exits or is found hung. What it sees goes into
 ``replicas`` table, the router's discovery feed. ``python -m cluster.local.supervisor`` runs
 it (``modelplane up`` does).
 
-A watcher never dies silently: an unexpected error in one life of a replica is logged and
+A supervisor that starts after another one stopped or crashed adopts the replicas that are
+still healthy (:mod:`cluster.local.adoption`) instead of restarting them, so the endpoints
+keep serving while ``modelplane up`` restarts it. A watcher never dies silently: an unexpected error in one life of a replica is logged and
 ends that life like a crash (the process is stopped and started again), and the reconcile
 loop replaces a watcher thread that is gone. A replica is marked unhealthy *before* its
 process is stopped, and status writes are retried through a locked database, so a killed
@@ -35,8 +37,10 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from cluster.local.backend import ACTIVE_STATES
+from controlplane.backoff import restart_delay_s  # noqa: F401 - also used by the tests from here
 from controlplane.schema import ReplicaRow, RevisionRow
 from controlplane.store import utc_now
+from cluster.local.adoption import AdoptedProcess, healthy, replica_process
 from serving.runtime.base import ReplicaRuntime, RuntimeConfig
 from serving.runtime.liveness import LivenessConfig, LivenessState, Verdict, decide
 from serving.runtime.process import replica_environment
@@ -68,15 +72,6 @@ def plan(desired: dict[str, int], running: set[str]) -> tuple[list[str], list[st
     """
     wanted = {f"{revision}-{index}" for revision, count in desired.items() for index in range(count)}
     return sorted(wanted - running), sorted(running - wanted)
-
-
-def restart_delay_s(restarts: int, initial_s: float, max_s: float) -> float:
-    """Backoff before restart number ``restarts`` (1-based): 1, 2, 4, 8 … capped at ``max_s``.
-
-    >>> [restart_delay_s(n, 1.0, 30.0) for n in (1, 2, 3, 6, 7)]
-    [1.0, 2.0, 4.0, 30.0, 30.0]
-    """
-    return min(max_s, initial_s * 2 ** max(0, restarts - 1))
 
 
 def free_port(host: str) -> int:
@@ -124,10 +119,15 @@ class ManagedReplica:
         self._config = config
         self._stop = threading.Event()
         self._process_lock = threading.Lock()  # stop() and a (re)start never interleave
-        self._process: subprocess.Popen | None = None
+        self._process: subprocess.Popen | AdoptedProcess | None = None
+        self._adopted: AdoptedProcess | None = None
         self.port = 0
         self.restarts = 0
         self._thread = threading.Thread(target=self._run, name=f"replica-{replica_id}", daemon=True)
+
+    def adopt(self, process: AdoptedProcess, port: int, restarts: int) -> None:
+        """Before :meth:`start`: watch this running, ready process as the replica's first life."""
+        self._adopted, self.port, self.restarts = process, port, restarts
 
     def start(self) -> None:
         self._thread.start()
@@ -169,6 +169,8 @@ class ManagedReplica:
             self._stop.wait(delay_s)
 
     def _one_life(self) -> str:
+        if self._adopted is not None:
+            return self._adopted_life()
         self.port = free_port(self._config.host)
         launch = self.runtime.command(self.model_dir, self._config.host, self.port, self.runtime_config)
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -189,6 +191,20 @@ class ManagedReplica:
         finally:
             if not self._stop.is_set():
                 self._write("unhealthy", error)  # out of the router's table before the process goes
+                kill_group(self._process, grace_s=5.0)
+
+    def _adopted_life(self) -> str:
+        """The process a previous supervisor started: already ready, so straight to watching it."""
+        with self._process_lock:
+            self._process, self._adopted = self._adopted, None
+        error = "stopped"
+        try:
+            self._write("ready", None)
+            error = self._stay_alive()
+            return error
+        finally:
+            if not self._stop.is_set():
+                self._write("unhealthy", error)
                 kill_group(self._process, grace_s=5.0)
 
     def _wait_ready(self) -> str | None:
@@ -300,21 +316,39 @@ class Supervisor:
             self.replicas[replica_id] = managed
             managed.start()
 
-    def forget_previous_run(self) -> None:
-        """Stop replica processes a crashed supervisor left behind, and clear their rows."""
-        with Session(self._engine) as session, session.begin():
-            for row in session.scalars(select(ReplicaRow)):
-                if row.pid and psutil.pid_exists(row.pid):
-                    try:
-                        process = psutil.Process(row.pid)
-                        if str(row.port) in " ".join(process.cmdline()):
-                            os.killpg(row.pid, signal.SIGKILL)
-                    except (psutil.Error, ProcessLookupError, PermissionError):
-                        pass
-            session.execute(delete(ReplicaRow))
+    def adopt_previous_run(self) -> None:
+        """Take over the healthy replicas a previous supervisor left running; stop and forget the rest."""
+        with Session(self._engine) as session:
+            revisions = {row.id: row for row in session.scalars(select(RevisionRow))}
+            rows = list(session.scalars(select(ReplicaRow)))
+        desired = {rid: row.desired_replicas if row.state in ACTIVE_STATES else 0 for rid, row in revisions.items()}
+        wanted, _ = plan(desired, set())
+        for row in rows:
+            alive = replica_process(row.pid, row.port)
+            revision = revisions.get(row.revision_id)
+            if alive and row.id in wanted and row.state == "ready" and revision is not None \
+                    and healthy(f"http://{row.host}:{row.port}"):
+                try:
+                    managed = ManagedReplica(row.id, revision, runtime_for(revision.runtime), self._engine,
+                                             self._logs_dir, self._config)
+                    managed.adopt(AdoptedProcess(row.pid), row.port, row.restarts)
+                except (KeyError, TypeError, ValueError, psutil.Error) as exc:
+                    log.error("replica %s cannot be adopted: %s", row.id, exc)
+                else:
+                    log.info("replica %s (pid %d) is healthy: adopted", row.id, row.pid)
+                    self.replicas[row.id] = managed
+                    managed.start()
+                    continue
+            if alive:
+                try:
+                    os.killpg(row.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            with Session(self._engine) as session, session.begin():
+                session.execute(delete(ReplicaRow).where(ReplicaRow.id == row.id))
 
     def run(self, stop: threading.Event) -> None:
-        self.forget_previous_run()
+        self.adopt_previous_run()
         while not stop.is_set():
             try:
                 self.reconcile_once()

@@ -19,8 +19,9 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable
 from collections import defaultdict
+from collections.abc import Callable
+from datetime import datetime, timezone
 
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -215,8 +216,14 @@ async def _read_all(response: aiohttp.ClientResponse, limit: int) -> bytes | Non
     return b"".join(chunks)
 
 
-def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable]) -> Starlette:
-    """The router app; ``load_table`` is called off the event loop every refresh interval."""
+def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
+               report: Callable[[datetime], None] | None = None) -> Starlette:
+    """The router app; ``load_table`` is called off the event loop every refresh interval.
+
+    ``report`` (off the event loop too) is told, after each refresh, when the read of the
+    table now served began: a rollout drains a replaced revision only once every router has
+    reported a table read after the switch (``controlplane.routers``).
+    """
     metrics = Metrics()
     proxy = Proxy(config, metrics)
     limits = config.limits()
@@ -226,10 +233,15 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable]) -> 
     reload_lock = asyncio.Lock()
 
     async def refresh() -> None:
-        started = time.monotonic()
+        started, began_at = time.monotonic(), datetime.now(timezone.utc)
         table = await asyncio.to_thread(load_table)
         if started > state["read_at"]:  # a slow read never replaces a newer one
             state["table"], state["read_at"] = table, started
+            if report is not None:
+                try:
+                    await asyncio.to_thread(report, began_at)
+                except Exception:  # noqa: BLE001 - a missed report only makes a drain wait longer
+                    log.exception("reporting the routing table's version failed")
 
     async def refresh_forever() -> None:
         while True:
@@ -350,7 +362,11 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable]) -> 
 def main() -> None:
     import uvicorn
 
+    import os
+    import socket
+
     from controlplane.db import make_engine
+    from controlplane.routers import RouterStore
     from controlplane.settings import Settings
     from cluster.hardware import detect_local
     from serving.router.table import load_table
@@ -359,8 +375,13 @@ def main() -> None:
     config = RouterConfig(host=settings.host, port=settings.ports.router_port)
     engine = make_engine(settings.database_url)
     hardware = detect_local().key  # the local backend's replicas run on this machine
-    uvicorn.run(create_app(config, lambda: load_table(engine, hardware)), host=config.host, port=config.port,
-                log_level="warning", loop="uvloop", http="httptools")
+    routers, router_id = RouterStore(engine), f"{socket.gethostname()}:{config.port}:{os.getpid()}"
+    try:
+        uvicorn.run(create_app(config, lambda: load_table(engine, hardware),
+                               report=lambda read_at: routers.report(router_id, read_at)),
+                    host=config.host, port=config.port, log_level="warning", loop="uvloop", http="httptools")
+    finally:
+        routers.forget(router_id)
 
 
 if __name__ == "__main__":
