@@ -7,6 +7,7 @@ runtime, the tiny Llama on vLLM), redeploy under load without a failed request, 
 stop it all with SIGTERM and look for leftover processes.
 """
 
+import contextlib
 import os
 import signal
 import threading
@@ -187,7 +188,9 @@ def test_the_tiny_llm_answers_the_openai_client_through_the_router(platform, tmp
     assert [m.id for m in client.models.list().data] == ["tiny-llm"]
 
 
-def test_redeploying_under_a_steady_request_loop_fails_no_request(platform):
+@contextlib.contextmanager
+def steady_iris_requests(platform, pause_s: float = 0.02):
+    """Yield the list of status codes of a request loop through the router, running meanwhile."""
     headers = {"Authorization": f"Bearer {token(platform, 'iris')}"}
     url = f"{platform.url('router')}/serving-endpoints/iris/invocations"
     statuses: list[int] = []
@@ -197,17 +200,22 @@ def test_redeploying_under_a_steady_request_loop_fails_no_request(platform):
         with httpx.Client(timeout=30) as client:
             while not stop.is_set():
                 statuses.append(client.post(url, json=IRIS_REQUEST, headers=headers).status_code)
-                time.sleep(0.02)
+                time.sleep(pause_s)
 
     sender = threading.Thread(target=loop)
     sender.start()
     try:
-        register(platform, REGISTER_IRIS)
-        assert finished_run(platform, "iris.v2", 300)["status"] == "SUCCESS"
-        time.sleep(2)
+        yield statuses
     finally:
         stop.set()
         sender.join()
+
+
+def test_redeploying_under_a_steady_request_loop_fails_no_request(platform):
+    with steady_iris_requests(platform) as statuses:
+        register(platform, REGISTER_IRIS)
+        assert finished_run(platform, "iris.v2", 300)["status"] == "SUCCESS"
+        time.sleep(2)
     assert len(statuses) > 50
     assert set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
 
@@ -254,21 +262,8 @@ def pyfunc_pids() -> set[int]:
 def test_a_service_that_dies_is_restarted_while_the_endpoints_keep_serving(platform):
     """SIGKILL the admin API and the replica supervisor: `up` restarts both; the router never stops
     answering, and the new supervisor adopts the running iris replica instead of restarting it."""
-    headers = {"Authorization": f"Bearer {token(platform, 'iris')}"}
-    url = f"{platform.url('router')}/serving-endpoints/iris/invocations"
     replica_pids = pyfunc_pids()
-    statuses: list[int] = []
-    stop = threading.Event()
-
-    def loop() -> None:
-        with httpx.Client(timeout=30) as client:
-            while not stop.is_set():
-                statuses.append(client.post(url, json=IRIS_REQUEST, headers=headers).status_code)
-                time.sleep(0.05)
-
-    sender = threading.Thread(target=loop)
-    sender.start()
-    try:
+    with steady_iris_requests(platform, pause_s=0.05) as statuses:
         for module in ("controlplane.admin_api", "cluster.local.supervisor"):
             old = service_process(platform, module)
             old.kill()
@@ -276,9 +271,6 @@ def test_a_service_that_dies_is_restarted_while_the_endpoints_keep_serving(platf
                      f"{module} restarted")
         wait_for(lambda: httpx.get(f"{platform.url('admin')}/healthz").status_code == 200, 60, "the admin API back")
         time.sleep(5)  # the new supervisor has looked at its replicas a few times
-    finally:
-        stop.set()
-        sender.join()
     assert platform.process.poll() is None and "restarted it" in platform.log()
     assert len(statuses) > 20 and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
     assert replica_pids and replica_pids <= pyfunc_pids()  # adopted, not restarted
