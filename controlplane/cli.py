@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -58,17 +59,25 @@ def _stores(settings: Settings):
     return EndpointStore(db.make_engine(settings.database_url))
 
 
+# Set by SIGTERM/SIGHUP and by Ctrl-C. The exception the handler raises can be lost (a signal
+# that lands while the main thread runs a finalizer is "ignored"); the loops of `up` check this
+# flag as well, so a stop request is never lost.
+STOP_REQUESTED = threading.Event()
+
+
 def stop_on_signals() -> None:
-    """Turn SIGTERM and SIGHUP into KeyboardInterrupt, like Ctrl-C.
+    """Turn SIGTERM and SIGHUP into KeyboardInterrupt, like Ctrl-C, and remember the request.
 
     Installed before anything starts, so a signal that arrives while services are still
     starting unwinds through ``Platform.stop`` too instead of orphaning them.
     """
     def _interrupt(signum, _frame) -> None:
+        STOP_REQUESTED.set()
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGHUP, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
 
 
 def serve_until_stopped(platform) -> int:
@@ -77,7 +86,7 @@ def serve_until_stopped(platform) -> int:
     from controlplane.platform import PlatformError
 
     try:
-        while True:
+        while not STOP_REQUESTED.is_set():
             try:
                 for line in platform.revive(time.monotonic()):
                     errors.print(f"[yellow]{line}[/yellow]; see {platform.settings.logs_dir}", highlight=False)
@@ -85,6 +94,7 @@ def serve_until_stopped(platform) -> int:
                 errors.print(f"[red]{exc}[/red]", highlight=False)
                 return 1
             time.sleep(0.5)
+        return 0
     except KeyboardInterrupt:
         return 0
 
@@ -107,7 +117,8 @@ def up(
     from controlplane.platform import Platform, PlatformError
 
     stop_on_signals()
-    platform = Platform(_settings(mlflow_port, dagster_port, admin_port, router_port), log=lambda m: console.print(f"[dim]{m}[/dim]"))
+    platform = Platform(_settings(mlflow_port, dagster_port, admin_port, router_port),
+                        log=lambda m: console.print(f"[dim]{m}[/dim]"), stop_requested=STOP_REQUESTED.is_set)
     try:
         platform.start()
     except PlatformError as exc:

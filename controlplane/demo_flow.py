@@ -155,11 +155,11 @@ def ask_both_endpoints(settings: Settings, console: Console) -> bool:
 
 
 def run_demo(settings: Settings, console: Console, keep_running: bool = True) -> int:
-    from controlplane.cli import print_urls, serve_until_stopped
+    from controlplane.cli import STOP_REQUESTED, print_urls, serve_until_stopped
     from controlplane.platform import Platform, PlatformError
 
     started_at = time.monotonic()
-    platform = Platform(settings, log=lambda m: console.print(f"[dim]{m}[/dim]"))
+    platform = Platform(settings, log=lambda m: console.print(f"[dim]{m}[/dim]"), stop_requested=STOP_REQUESTED.is_set)
     try:
         platform.start()
     except PlatformError as exc:

@@ -173,7 +173,9 @@ def build_services(settings: Settings) -> list[Service]:
 
 
 class Platform:
-    def __init__(self, settings: Settings, *, log: Callable[[str], None] = print, start_timeout_s: float = 300.0) -> None:
+    def __init__(self, settings: Settings, *, log: Callable[[str], None] = print, start_timeout_s: float = 300.0,
+                 stop_requested: Callable[[], bool] = lambda: False) -> None:
+        self._stop_requested = stop_requested  # checked while starting: a lost KeyboardInterrupt still stops
         self._env: dict[str, str] = {}
         self._restarts: dict[str, list[float]] = {}  # service name → when it was restarted
         self._due: dict[str, float] = {}  # service name → when its next restart is due
@@ -215,6 +217,8 @@ class Platform:
             for service in self.services:
                 self._wait_healthy(service)
                 self._log(f"{service.name} is up" + (f" at {service.url}" if service.url else ""))
+            if self._stop_requested():
+                raise KeyboardInterrupt("stop requested while starting")
             register_webhook(settings, secrets.webhook_secret)
             self._log(f"MLflow webhook '{WEBHOOK_NAME}' → {settings.admin_url}/webhooks/mlflow")
             self._write_lock_info()
@@ -291,6 +295,8 @@ class Platform:
     def _wait_healthy(self, service: Service) -> None:
         deadline = time.monotonic() + self._start_timeout_s
         while time.monotonic() < deadline:
+            if self._stop_requested():
+                raise KeyboardInterrupt("stop requested while starting")
             if service.process.poll() is not None:
                 raise PlatformError(
                     f"{service.name} exited with code {service.process.returncode} while starting; "
