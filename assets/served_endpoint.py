@@ -11,7 +11,8 @@ For each endpoint spec whose alias still points at this version: create a revisi
 its replicas on the cluster backend, wait until every replica is ready, move the
 endpoint's traffic to it, drain the previous revision and retire it (:mod:`assets.rollout`
 decides; :class:`RolloutDriver` acts). A revision that never becomes ready is retired and
-the endpoint keeps serving the one it had.
+the endpoint keeps serving the one it had. ``min_replicas`` that do not fit where replicas run
+are refused before anything starts (:mod:`cluster.capacity`).
 """
 
 import time
@@ -27,6 +28,7 @@ from assets.gate_verdict import serving_checkpoint
 from assets.serving_specs import serving_specs
 from assets.rollout import Drain, Retire, RolloutResult, Route, Start, StillCurrent, Superseded, WaitReady, rollout
 from assets.source_model import DEPLOY_RETRIES, model_versions
+from cluster.capacity import Capacity, CapacityError, check_min_replicas, model_bytes, replica_memory_bytes
 from cluster.protocol import Cluster, RevisionSpec
 from controlplane.revisions import RevisionStore, TrafficChanged
 from controlplane.routers import RouterStore
@@ -106,11 +108,14 @@ class RolloutDriver:
         raise TypeError(f"unknown rollout action {action!r}")
 
     def wait_ready(self, action: WaitReady) -> bool:
-        deadline = time.monotonic() + self.wait_ready_timeout_s
+        started = time.monotonic()
+        deadline = started + self.wait_ready_timeout_s
         while time.monotonic() < deadline:
             replicas = self.cluster.replicas(action.revision_id)
             if sum(r.ready for r in replicas) >= action.replicas:
                 self.revisions.set_state(action.revision_id, "ready")
+                # the measured cold start: how far ahead the autoscaler must look, how long the router holds
+                self.revisions.add_details(action.revision_id, cold_start_s=round(time.monotonic() - started, 1))
                 return True
             looping = [r for r in replicas if r.restarts >= CRASH_LOOP_RESTARTS]
             if looping:
@@ -167,6 +172,15 @@ def _roll_out(driver: RolloutDriver, revisions: RevisionStore, endpoint: str, re
         raise
 
 
+def _replicas_that_fit(spec, runtime: str, model_dir: str, replicas: int, capacity: Capacity) -> int:
+    """How many of this endpoint's replicas fit; a Failure (not retried) when ``replicas`` do not."""
+    per_replica = replica_memory_bytes(runtime, model_bytes(Path(model_dir)), spec.replica.model_dump())
+    try:
+        return check_min_replicas(spec.name, replicas, per_replica, capacity)
+    except CapacityError as exc:
+        raise Failure(description=str(exc), allow_retries=False) from None
+
+
 @asset(
     partitions_def=model_versions,
     group_name="deploy",
@@ -196,6 +210,7 @@ def served_endpoint(
                            still_current=lambda endpoint: client.alias_version(model, aliases[endpoint]) == version)
     checkpoint = serving_checkpoint(quantized_checkpoint)
     profile = cluster.hardware_profile()
+    capacity = cluster.capacity()
     details = {"checkpoint": checkpoint.label, "quantized": checkpoint.quantized, "eval_gate": checkpoint.gate,
                "eval_gate_reasons": list(checkpoint.reasons), "hardware_profile": profile.key, "cpu_amx": profile.amx,
                "target_concurrency": cost_model["target_concurrency"], "run_id": context.run_id}
@@ -207,6 +222,10 @@ def served_endpoint(
     for spec in specs:
         runtime = choose_runtime(spec.runtime, quantized_checkpoint["is_llm"])
         replicas = max(1, spec.scaling.min_replicas)
+        fit = _replicas_that_fit(spec, runtime, checkpoint.model_dir, replicas, capacity)
+        if spec.scaling.max_replicas > fit:
+            context.log.warning(f"{spec.name}: scaling.max_replicas is {spec.scaling.max_replicas} but "
+                                f"{capacity.where} holds {fit} such replicas; the autoscaler stops at {fit}")
         current = revisions.traffic().get(spec.name)
         current_revision = revisions.get(current) if current else None
         if current_revision is not None and current_revision.partition_key == context.partition_key:
@@ -217,7 +236,7 @@ def served_endpoint(
                            "url": f"{control_plane.router_url}/serving-endpoints/{spec.name}/invocations"})
             continue
         revision = revisions.create(spec.name, context.partition_key, checkpoint.model_dir, runtime,
-                                    spec.replica.model_dump(), replicas, details)
+                                    spec.replica.model_dump(), replicas, details | {"max_replicas_that_fit": fit})
         started = time.monotonic()
         result = _roll_out(driver, revisions, spec.name, revision.id, replicas, current)
         if result.superseded:

@@ -13,6 +13,7 @@ from dagster import ConfigurableResource, PipesClientCompletedInvocation, PipesS
 from pydantic import Field
 from sqlalchemy import Engine
 
+from cluster.capacity import GIB, Capacity, local_capacity
 from cluster.hardware import HardwareProfile, detect_local
 from cluster.local.backend import LocalCluster
 from cluster.protocol import Cluster
@@ -48,6 +49,9 @@ class ClusterResource(ConfigurableResource):
 
     backend: str = Field("local", description="Cluster backend: local.")
     database_url: str = Field(description="Control-plane database (the local backend's desired state).")
+    memory_gib: float | None = Field(None, gt=0, description="Memory all replicas may use together, GiB; none "
+                                     "means this machine's memory (or its cgroup limit). Specs whose min_replicas "
+                                     "do not fit are refused.")
 
     def client(self) -> Cluster:
         if self.backend != "local":
@@ -59,6 +63,14 @@ class ClusterResource(ConfigurableResource):
         if self.backend != "local":
             raise ValueError(f"unknown cluster backend {self.backend!r}; this build has: local")
         return detect_local()
+
+    def capacity(self) -> Capacity:
+        """What the backend's replicas may use in all (local: this machine's memory)."""
+        if self.backend != "local":
+            raise ValueError(f"unknown cluster backend {self.backend!r}; this build has: local")
+        if self.memory_gib is not None:
+            return Capacity(int(self.memory_gib * GIB), f"the cluster resource's memory_gib ({self.memory_gib:g})")
+        return local_capacity()
 
 
 class RegistryResource(ConfigurableResource):

@@ -67,7 +67,8 @@ class Deployment:
         self.mlflow.set_registered_model_alias(model, "champion", version)
         return version
 
-    def deploy(self, version: str, *, worker: Path | None = None, assets=None, model: str = "tiny-llm"):
+    def deploy(self, version: str, *, worker: Path | None = None, assets=None, model: str = "tiny-llm",
+               memory_gib: float | None = None):
         key = f"{model}.v{version}"
         self.instance.add_dynamic_partitions("model_versions", [key])
         quantizer = QuantizerResource(python=str(QUANTIZE_PYTHON), **({"worker": str(worker)} if worker else {}))
@@ -75,7 +76,7 @@ class Deployment:
             assets or [source_model, quantized_checkpoint, eval_gate, cost_model, served_endpoint], partition_key=key,
             instance=self.instance, raise_on_error=False,
             resources={"control_plane": ControlPlaneResource(database_url=self.database_url),
-                       "cluster": ClusterResource(database_url=self.database_url),
+                       "cluster": ClusterResource(database_url=self.database_url, memory_gib=memory_gib),
                        "registry": RegistryResource(tracking_uri=self.uri),
                        "model_store": ModelStoreResource(root_dir=str(self.root / "models")),
                        "quantizer": quantizer})
@@ -229,6 +230,22 @@ def test_with_on_failure_block_a_refused_first_version_serves_nothing(deployment
     assert deployment.serving_revision("blocked") is None
     # the registry sensor reads this tag and does not ask for the same refused version again
     assert deployment.instance.get_run_by_id(result.run_id).tags["modelplane/gate"] == "refused"
+
+
+def test_min_replicas_that_do_not_fit_are_refused_before_anything_starts(deployment):
+    # a tiny-LLM replica needs at least 3 GiB (weights, API server and engine core, 1 GiB of KV cache)
+    deployment.specs.put(parse_spec(SPEC.replace("name: tiny\nmodel: models:/tiny-llm@", "name: crowded\n"
+                                                 "model: models:/tiny-crowded@")
+                                    .replace("min_replicas: 1, max_replicas: 1", "min_replicas: 3, max_replicas: 4")))
+    version = deployment.register(deployment.checkpoint, model="tiny-crowded")
+    result = deployment.deploy(version, model="tiny-crowded", memory_gib=7)
+
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    message = failure.event_specific_data.error.message
+    assert "crowded: 3 replicas need at least" in message and "lower scaling.min_replicas to at most 2" in message
+    assert deployment.serving_revision("crowded") is None
+    assert not RevisionStore(deployment.engine).list("crowded")  # nothing was created, so nothing to retire
 
 
 def test_an_fp8_checkpoint_is_produced_loads_on_the_cpu_engine_and_passes(deployment):
