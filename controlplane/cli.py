@@ -214,17 +214,45 @@ def status_lines(name: str, revision) -> list[str]:
     return lines
 
 
+def scaling_lines(horizontal, vertical) -> list[str]:
+    """The newest autoscaler decision of each axis (``controlplane.scaling.ScalingDecision`` or None).
+
+    >>> from types import SimpleNamespace as D
+    >>> from datetime import datetime, timezone
+    >>> at = datetime(2027, 1, 15, 8, 0, tzinfo=timezone.utc)
+    >>> scaling_lines(D(at=at, replicas=3, rule="scale-up", reason="11 in flight / 4 = 3"), None)
+    ['  autoscaler: 3 replica(s) at 2027-01-15 08:00:00 UTC (scale-up: 11 in flight / 4 = 3)', '  target: from the cost model, not retuned yet']
+    """
+    lines = []
+    if horizontal is None:
+        lines.append("  autoscaler: no decision yet (it scales once it has seen traffic or a full lookback)")
+    else:
+        lines.append(f"  autoscaler: {horizontal.replicas} replica(s) at {horizontal.at:%Y-%m-%d %H:%M:%S} UTC "
+                     f"({horizontal.rule}: {horizontal.reason})")
+    if vertical is None:
+        lines.append("  target: from the cost model, not retuned yet")
+    else:
+        lines.append(f"  target: {vertical.target:g} in flight per replica at {vertical.at:%Y-%m-%d %H:%M:%S} UTC "
+                     f"({vertical.rule}: {vertical.reason})")
+    return lines
+
+
 @endpoints_app.command("status")
 def endpoints_status(name: str) -> None:
-    """Which revision serves an endpoint, from which checkpoint, and what the eval gate decided."""
+    """Which revision serves an endpoint, from which checkpoint, what the eval gate and the autoscaler decided."""
     from controlplane.revisions import RevisionStore
+    from controlplane.scaling import ScalingStore
 
     settings = Settings.from_env()
     if _stores(settings).get(name) is None:
         _fail(f"no endpoint named {name!r}; `modelplane endpoints list` shows what exists")
-    revisions = RevisionStore(db.make_engine(settings.database_url))
+    engine = db.make_engine(settings.database_url)
+    revisions, scaling = RevisionStore(engine), ScalingStore(engine)
     revision_id = revisions.traffic().get(name)
-    print("\n".join(status_lines(name, revisions.get(revision_id) if revision_id else None)))
+    lines = status_lines(name, revisions.get(revision_id) if revision_id else None)
+    if revision_id:
+        lines += scaling_lines(scaling.latest(name, "horizontal", revision_id), scaling.latest(name, "vertical", revision_id))
+    print("\n".join(lines))
 
 
 @endpoints_app.command("delete")

@@ -157,6 +157,11 @@ def build_services(settings: Settings) -> list[Service]:
             port=ports.router_port,
         ),
         Service(
+            name="autoscaler",
+            argv=[sys.executable, "-m", "autoscale.controller"],
+            healthy=_log_says(settings.logs_dir / "autoscaler.log", "autoscaler running"),
+        ),
+        Service(
             name="dagster-webserver",
             argv=[str(BIN / "dagster-webserver"), "-h", host, "-p", str(ports.dagster_port),
                   "-w", str(REPO_ROOT / "workspace.yaml"), "--log-level", "warning"],

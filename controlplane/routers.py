@@ -32,14 +32,29 @@ class RouterStore:
         self._engine = engine
         self._now = now
 
-    def report(self, router_id: str, table_read_at: datetime) -> None:
-        """Router ``router_id`` now serves the table it began reading at ``table_read_at``."""
+    def report(self, router_id: str, table_read_at: datetime, url: str | None = None) -> None:
+        """Router ``router_id`` (answering at ``url``) now serves the table it began reading at ``table_read_at``."""
         with Session(self._engine) as session, session.begin():
             row = session.get(RouterRow, router_id)
             if row is None:
                 row = RouterRow(id=router_id)
                 session.add(row)
             row.table_read_at, row.heartbeat_at = table_read_at, self._now()
+            if url is not None:
+                row.url = url
+
+    def live_urls(self, stale_after_s: float = STALE_AFTER_S) -> dict[str, str]:
+        """``{router id: url}`` of the routers that reported within ``stale_after_s`` and said where they answer."""
+        live_after = self._now() - timedelta(seconds=stale_after_s)
+        with Session(self._engine) as session:
+            rows = session.scalars(select(RouterRow)).all()
+        return {r.id: r.url for r in rows if r.url and _aware(r.heartbeat_at) >= live_after}
+
+    def newest_heartbeat(self) -> datetime | None:
+        """When the most recent router report arrived (None: no router ever reported)."""
+        with Session(self._engine) as session:
+            rows = session.scalars(select(RouterRow)).all()
+        return max((_aware(r.heartbeat_at) for r in rows), default=None)
 
     def forget(self, router_id: str) -> None:
         """A router shutting down leaves the list (no drain waits for it)."""

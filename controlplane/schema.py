@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, Boolean, DateTime, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -98,6 +98,7 @@ class RouterRow(Base):
     id: Mapped[str] = mapped_column(String(255), primary_key=True)  # host:port:pid
     table_read_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    url: Mapped[str | None] = mapped_column(String(255), nullable=True)  # where its internal routes answer
 
 
 class TokenRow(Base):
@@ -129,3 +130,40 @@ class CostProfileRow(Base):
     target_concurrency: Mapped[int] = mapped_column(Integer)
     reason: Mapped[str] = mapped_column(Text)  # why it was measured: "new version", "drift: …"
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ScalingDecisionRow(Base):
+    """One decision of the autoscaler: on which axis, what it set, and why (rule, reason, inputs)."""
+
+    __tablename__ = "scaling_decisions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    endpoint: Mapped[str] = mapped_column(String(63), index=True)
+    revision_id: Mapped[str] = mapped_column(String(255))
+    axis: Mapped[str] = mapped_column(String(16))  # horizontal | vertical
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    replicas: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    target: Mapped[float | None] = mapped_column(Float, nullable=True)
+    rule: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text)
+    inputs: Mapped[dict] = mapped_column(JSON)
+
+
+class LeaseRow(Base):
+    """A named lease: one holder at a time (the autoscaler's leader election)."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(255))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class DemandMinuteRow(Base):
+    """An endpoint's peak in-flight work in one wall-clock minute (UNIX seconds // 60)."""
+
+    __tablename__ = "demand_minutes"
+
+    endpoint: Mapped[str] = mapped_column(String(63), primary_key=True)
+    minute: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    peak_in_flight: Mapped[float] = mapped_column(Float)

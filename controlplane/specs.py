@@ -136,13 +136,25 @@ class Slo(_Strict):
     time_to_first_token_ms: float | None = Field(None, gt=0, description="LLMs: p99 time to first token, milliseconds.")
 
 
+class ScalingSignal(str, Enum):
+    """What the horizontal autoscaler counts (``autoscale.controller.loop``)."""
+
+    auto = "auto"  # model units for an LLM with a cost profile, else requests
+    requests = "requests"
+    model_units = "model_units"
+
+
 class Scaling(_Strict):
     min_replicas: int = Field(1, ge=0, le=MAX_REPLICAS, description="Provisioned replicas; 0 allows scale to zero.")
     max_replicas: int = Field(4, ge=1, le=MAX_REPLICAS, description="Upper bound on replicas.")
     target_concurrency: float | None = Field(
-        None, gt=0, description="In-flight requests per replica; none means take it from the benchmarked cost model."
+        None, gt=0, le=4096, description="In-flight requests per replica. None: start from the benchmarked cost model "
+        "and let the vertical autoscaler retune it within the sweep's levels; a number pins it."
     )
-    scale_to_zero_grace_s: float = Field(300.0, ge=0, description="Idle seconds before the last replica goes.")
+    scale_to_zero_grace_s: float = Field(300.0, ge=1, le=86400,
+                                         description="With min_replicas 0: idle seconds before the last replica goes.")
+    signal: ScalingSignal = Field(ScalingSignal.auto, description="What the autoscaler counts in flight: requests, "
+                                  "or model units priced by the cost model (auto: model units for LLMs with a profile).")
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> "Scaling":

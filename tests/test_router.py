@@ -3,6 +3,7 @@
 import json
 import random
 import socket
+import threading
 
 import pytest
 from starlette.testclient import TestClient
@@ -12,6 +13,7 @@ from serving.router.app import create_app
 from serving.router.balancing import p2c
 from serving.router.config import RouterConfig
 from serving.router.table import RoutingTable, build_table
+from tests.conftest import wait_for
 from tests.fake_replicas import FakeReplica
 
 GEC_TOKEN, IRIS_TOKEN, ADMIN_TOKEN = "mp_a_gec", "mp_b_iris", "mp_c_admin"
@@ -127,12 +129,34 @@ def test_oversized_body_gets_413(replicas):
     assert replicas["iris-0"].requests == []
 
 
-def test_no_ready_replica_gets_503_with_retry_after():
-    with make_router(table_for([], [], starting=True)) as client:
+def test_a_request_held_past_its_deadline_gets_503_with_retry_after():
+    with make_router(table_for([], [], starting=True), hold_min_s=0.0, hold_max_s=0.5) as client:
         response = client.post("/serving-endpoints/iris/invocations", json=IRIS_BODY, headers=auth(IRIS_TOKEN))
     assert response.status_code == 503
     assert response.headers["retry-after"] == "5"
-    assert "starting" in response.json()["error"]["message"]
+    assert "no ready replica within 0.5 s" in response.json()["error"]["message"]
+
+
+def test_a_request_held_for_an_endpoint_without_replicas_is_sent_when_one_is_ready(replicas):
+    tables = [table_for([], [], starting=True)]
+    with TestClient(create_app(RouterConfig(refresh_interval_s=0.1), lambda: tables[0])) as client:
+        answers = []
+        sender = threading.Thread(target=lambda: answers.append(
+            client.post("/serving-endpoints/iris/invocations", json=IRIS_BODY, headers=auth(IRIS_TOKEN))))
+        sender.start()
+        wait_for(lambda: client.app.state.activator.waiting.get("iris") == 1, 5, "the request to be held")
+        waiting = client.get("/internal/in-flight", headers=auth(ADMIN_TOKEN)).json()["endpoints"]["iris"]
+        tables[0] = table_for([], [replicas["iris-0"].url])
+        sender.join(10)
+    assert waiting["waiting_requests"] == 1  # what the autoscaler reads to scale from zero
+    assert answers[0].status_code == 200 and len(replicas["iris-0"].requests) == 1
+    assert client.app.state.activator.waiting == {}
+
+
+def test_with_the_hold_queue_full_a_request_gets_503_at_once():
+    with make_router(table_for([], [], starting=True), max_waiting_per_endpoint=0) as client:
+        response = client.post("/serving-endpoints/iris/invocations", json=IRIS_BODY, headers=auth(IRIS_TOKEN))
+    assert response.status_code == 503 and "0 requests already wait" in response.json()["error"]["message"]
 
 
 def test_a_replica_that_refuses_the_connection_is_retried_on_another(replicas):

@@ -14,7 +14,8 @@ from serving.router.errors import RouterError
 from serving.router.limits import RequestLimits, check_llm_fields, parse_json_object
 from serving.router.table import EndpointRoute, RoutingTable
 
-__all__ = ["RouterError", "Upstream", "authenticate", "authorize", "for_invocations", "for_openai", "openai_endpoint"]
+__all__ = ["RouterError", "Upstream", "authenticate", "authorize", "authorize_admin", "for_invocations", "for_openai",
+           "openai_endpoint"]
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,17 @@ def authorize(grant: Grant, endpoint: str, table: RoutingTable, retry_after_s: i
     route = table.endpoints.get(endpoint)
     if route is None:
         raise RouterError(404, f"no endpoint named {endpoint!r}")
-    if not route.replicas:
-        why = "its replicas are starting" if route.starting else "no revision is serving it yet"
-        raise RouterError(503, f"endpoint {endpoint!r} has no ready replica: {why}; retry shortly",
-                          {"Retry-After": str(retry_after_s)})
-    return route
+    if route.revision_id is None:
+        raise RouterError(503, f"endpoint {endpoint!r} has no ready replica: no revision is serving it yet; "
+                               "retry shortly", {"Retry-After": str(retry_after_s)})
+    return route  # with no ready replica yet, the activator holds the request (serving.router.activator)
+
+
+def authorize_admin(grant: Grant, what: str) -> None:
+    """The router's internal routes (``what``, e.g. ``/internal/in-flight``) answer admin tokens only."""
+    if not grant.admin:
+        raise RouterError(403, f"token {grant.token_id} needs the admin scope for {what} "
+                               "(create one with `modelplane tokens create --admin`)")
 
 
 def for_invocations(route: EndpointRoute, body: bytes, limits: RequestLimits) -> Upstream:

@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import random
+import socket
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -35,6 +36,9 @@ from serving.router.admission import RouterError, Upstream
 from serving.router import cost
 from serving.router.balancing import p2c
 from serving.router.config import RouterConfig
+from serving.router.activator import Activator
+from serving.router.latency import LatencyWindow
+from serving.router.signals import InFlightWindow
 from serving.router.table import RoutingTable
 
 log = logging.getLogger("modelplane.router")
@@ -68,11 +72,17 @@ class Metrics:
 
 
 class Proxy:
-    """Sends a request to a replica picked by P2C, retrying others on connect failure."""
+    """Sends a request to a replica picked by P2C, retrying others on connect failure.
 
-    def __init__(self, config: RouterConfig, metrics: Metrics, rng: random.Random | None = None) -> None:
+    Every request taken to a replica and given back is also told to ``signals`` at
+    ``clock()`` (wall-clock seconds, see :mod:`serving.router.signals`)."""
+
+    def __init__(self, config: RouterConfig, metrics: Metrics, signals: InFlightWindow,
+                 clock: Callable[[], float] = time.time, rng: random.Random | None = None) -> None:
         self.config = config
         self.metrics = metrics
+        self.signals = signals
+        self._clock = clock
         self.in_flight: dict[str, float] = defaultdict(float)  # model units per replica URL
         self.mean_output: dict[str, float] = {}  # per endpoint: reported completion tokens, EWMA
         self._rng = rng or random.Random()
@@ -110,6 +120,7 @@ class Proxy:
             if attempt:
                 self.metrics.retries.labels(upstream.route.name).inc()
             self.in_flight[url] += units
+            self.signals.started(upstream.route.name, url, units, self._clock(), retry=attempt > 0)
             sent = time.perf_counter()
             try:
                 # identity: bodies are relayed as they come, so they must not come compressed
@@ -118,12 +129,12 @@ class Proxy:
                                                             "Accept-Encoding": "identity"})
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 # No connection was made, so the replica never saw the request: safe to try another.
-                self._release(url, units)
+                self._release(upstream.route.name, url, units)
                 last_error = f"{type(exc).__name__}: {exc}"
                 log.warning("replica %s could not be reached (%s); trying another", url, last_error)
                 continue
             except BaseException as exc:
-                self._release(url, units)
+                self._release(upstream.route.name, url, units)
                 raise self._after_sending(upstream, exc) from None
             return await self._relay(url, response, upstream, units, sent)
         raise RouterError(503, f"no replica of {upstream.route.name!r} could be reached ({last_error}); retry shortly",
@@ -151,10 +162,11 @@ class Proxy:
                                    "less (e.g. fewer rows or tokens) or stream the answer")
         return content
 
-    def _release(self, url: str, units: float) -> None:
+    def _release(self, endpoint: str, url: str, units: float) -> None:
         self.in_flight[url] -= units
         if self.in_flight[url] <= 1e-9:
             del self.in_flight[url]
+        self.signals.ended(endpoint, url, units, self._clock())
 
     def _observe(self, upstream: Upstream, status: int, content: bytes, latency_s: float) -> None:
         """Learn the endpoint's mean output length and compare latency with the cost model.
@@ -188,7 +200,7 @@ class Proxy:
                                        f"{self.config.request_timeout_s:.0f} s") from None
             finally:
                 response.release()
-                self._release(url, units)
+                self._release(upstream.route.name, url, units)
             self._observe(upstream, response.status, content, time.perf_counter() - sent)
             return Response(content, status_code=response.status, headers=headers)
 
@@ -199,7 +211,7 @@ class Proxy:
                     yield chunk
             finally:
                 response.release()
-                self._release(url, units)
+                self._release(upstream.route.name, url, units)
 
         return StreamingResponse(chunks(), status_code=response.status, headers=headers,
                                  media_type=response.content_type)
@@ -216,16 +228,31 @@ async def _read_all(response: aiohttp.ClientResponse, limit: int) -> bytes | Non
     return b"".join(chunks)
 
 
+def error_response(exc: RouterError) -> JSONResponse:
+    return JSONResponse({"error": {"message": str(exc), "code": exc.status}}, status_code=exc.status,
+                        headers=exc.headers)
+
+
 def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
-               report: Callable[[datetime], None] | None = None) -> Starlette:
+               report: Callable[[datetime], None] | None = None, router_id: str | None = None,
+               clock: Callable[[], float] = time.time) -> Starlette:
     """The router app; ``load_table`` is called off the event loop every refresh interval.
 
     ``report`` (off the event loop too) is told, after each refresh, when the read of the
     table now served began: a rollout drains a replaced revision only once every router has
     reported a table read after the switch (``controlplane.routers``).
+
+    ``router_id`` names this router in ``/internal/in-flight`` (default ``host:port``);
+    ``clock`` gives the wall-clock seconds its buckets are keyed by: wall time, not
+    monotonic, so that the buckets of several routers line up (:mod:`serving.router.signals`).
     """
     metrics = Metrics()
-    proxy = Proxy(config, metrics)
+    signals = InFlightWindow(router_id or f"{socket.gethostname()}:{config.port}")
+    latencies = LatencyWindow()
+    activator = Activator(max_waiting=config.max_waiting_per_endpoint, factor=config.hold_cold_start_factor,
+                          margin_s=config.hold_margin_s, low_s=config.hold_min_s, high_s=config.hold_max_s,
+                          poll_s=min(0.1, config.refresh_interval_s), retry_after_s=config.retry_after_s)
+    proxy = Proxy(config, metrics, signals, clock)
     limits = config.limits()
     # "read_at": when the read that produced the current table began; the table shows the
     # database as it was at that moment or later.
@@ -237,6 +264,7 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
         table = await asyncio.to_thread(load_table)
         if started > state["read_at"]:  # a slow read never replaces a newer one
             state["table"], state["read_at"] = table, started
+            signals.retain({name: route.replicas for name, route in table.endpoints.items()})
             if report is not None:
                 try:
                     await asyncio.to_thread(report, began_at)
@@ -303,6 +331,7 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
             table = state["table"]  # after the upload: the replicas ready now, not when it began
             endpoint, payload = endpoint_of(request, body)
             route = admission.authorize(grant, endpoint, table, config.retry_after_s)
+            route = await activator.ready_route(route, lambda: state["table"].endpoints.get(endpoint))
             upstream = build(route, payload, body)
             metrics.in_flight.labels(endpoint).inc()
             try:
@@ -310,11 +339,12 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
             finally:
                 metrics.in_flight.labels(endpoint).dec()
         except RouterError as exc:
-            response = JSONResponse({"error": {"message": str(exc), "code": exc.status}}, status_code=exc.status,
-                                    headers=exc.headers)
+            response = error_response(exc)
         known = endpoint if endpoint in state["table"].endpoints else "-"
         metrics.requests.labels(known, str(response.status_code)).inc()
         metrics.latency.labels(known).observe(time.perf_counter() - started)
+        if known != "-" and 200 <= response.status_code < 300:
+            latencies.observe(known, 1000 * (time.perf_counter() - started), clock())
         return response
 
     async def invocations(request: Request) -> Response:
@@ -331,8 +361,7 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
         try:
             grant = await authenticate(request)
         except RouterError as exc:
-            return JSONResponse({"error": {"message": str(exc), "code": exc.status}}, status_code=exc.status,
-                                headers=exc.headers)
+            return error_response(exc)
         data = [{"id": name, "object": "model", "owned_by": "modelplane", "ready": bool(route.replicas)}
                 for name, route in sorted(state["table"].endpoints.items()) if route.runtime == "vllm" and grant.allows(name)]
         return JSONResponse({"object": "list", "data": data})
@@ -343,6 +372,28 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
     async def metrics_route(_request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    async def in_flight(request: Request) -> Response:
+        """Work in flight here by second, for the autoscaler; ``?since_s=`` (a UNIX second) trims
+        the buckets to those not yet read, ``?replica_buckets=true`` adds each replica's."""
+        try:
+            admission.authorize_admin(await authenticate(request), "/internal/in-flight")
+            since = request.query_params.get("since_s")
+            if since is not None and not (since.isascii() and since.isdigit()):
+                raise RouterError(400, f"since_s must be a whole UNIX second, e.g. {int(clock())}; got {since!r}")
+            per_replica = request.query_params.get("replica_buckets", "false")
+            if per_replica not in ("true", "false"):
+                raise RouterError(400, f"replica_buckets must be true or false; got {per_replica!r}")
+        except RouterError as exc:
+            return error_response(exc)
+        now_s = clock()
+        snapshot = signals.snapshot(now_s, None if since is None else int(since), per_replica == "true")
+        for name, summary in latencies.summary(now_s).items():  # p99 and answers of the last 30 s
+            snapshot["endpoints"].setdefault(name, {"in_flight_requests": 0, "in_flight_units": 0.0}).update(summary)
+        for name, waiting in activator.waiting.items():
+            snapshot["endpoints"].setdefault(name, {"in_flight_requests": 0, "in_flight_units": 0.0})[
+                "waiting_requests"] = waiting
+        return JSONResponse(snapshot)
+
     app = Starlette(
         routes=[
             Route("/serving-endpoints/{name}/invocations", invocations, methods=["POST"]),
@@ -351,10 +402,13 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
             Route("/v1/models", models, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics_route, methods=["GET"]),
+            Route("/internal/in-flight", in_flight, methods=["GET"]),
         ],
         lifespan=lifespan,
     )
     app.state.proxy = proxy
+    app.state.signals = signals
+    app.state.activator = activator
     app.state.routing = state
     return app
 
@@ -377,8 +431,8 @@ def main() -> None:
     hardware = detect_local().key  # the local backend's replicas run on this machine
     routers, router_id = RouterStore(engine), f"{socket.gethostname()}:{config.port}:{os.getpid()}"
     try:
-        uvicorn.run(create_app(config, lambda: load_table(engine, hardware),
-                               report=lambda read_at: routers.report(router_id, read_at)),
+        uvicorn.run(create_app(config, lambda: load_table(engine, hardware), router_id=router_id,
+                               report=lambda read_at: routers.report(router_id, read_at, f"http://{config.host}:{config.port}")),
                     host=config.host, port=config.port, log_level="warning", loop="uvloop", http="httptools")
     finally:
         routers.forget(router_id)

@@ -20,6 +20,14 @@ class RouterConfig(BaseModel):
     keepalive_timeout_s: float = Field(2.0, gt=0, description="Idle connections to replicas are closed after this, "
                                        "before the replica's own keep-alive (5 s for uvicorn) can close them under a "
                                        "request.")
+    max_waiting_per_endpoint: int = Field(256, ge=0, description="Requests held for an endpoint with no ready replica "
+                                          "(scale from zero); more get 503 at once.")
+    hold_cold_start_factor: float = Field(2.0, gt=0, description="A held request waits up to this × the revision's "
+                                          "measured cold start, plus hold_margin_s.")
+    hold_margin_s: float = Field(5.0, ge=0, description="Added to the scaled cold start, seconds.")
+    hold_min_s: float = Field(10.0, ge=0, description="Shortest hold deadline, seconds.")
+    hold_max_s: float = Field(180.0, gt=0, description="Longest hold deadline (and the deadline when the cold start "
+                                                       "was never measured), seconds.")
     max_json_depth: int = Field(32, ge=2, le=512, description="Deepest nesting of a request body (400 above).")
     max_choices: int = Field(8, ge=1, description="Largest n and best_of of an LLM request.")
     max_logprobs: int = Field(20, ge=0, description="Largest logprobs, top_logprobs and prompt_logprobs.")
@@ -36,4 +44,6 @@ class RouterConfig(BaseModel):
     def _timeouts_ordered(self) -> "RouterConfig":
         if self.connect_timeout_s > self.request_timeout_s:
             raise ValueError("connect_timeout_s must not exceed request_timeout_s")
+        if self.hold_min_s > self.hold_max_s:
+            raise ValueError("hold_min_s must not exceed hold_max_s")
         return self

@@ -26,6 +26,7 @@ class EndpointRoute:
     starting: bool = False  # a revision exists but no replica is ready yet
     cost: RouteCost | None = None  # the serving revision's cost model on this hardware, if measured
     context_tokens: int | None = None  # LLMs: the serving model's context length (bounds max_tokens)
+    cold_start_s: float | None = None  # the serving revision's measured time to ready (how long a request is held)
 
 
 @dataclass(frozen=True)
@@ -36,22 +37,24 @@ class RoutingTable:
 
 def build_table(endpoint_names: list[str], traffic: dict[str, str], revisions: dict[str, str],
                 ready: dict[str, list[str]], any_replicas: set[str], grants: dict[str, Grant],
-                costs: dict[str, RouteCost] | None = None, contexts: dict[str, int] | None = None) -> RoutingTable:
+                costs: dict[str, RouteCost] | None = None, contexts: dict[str, int] | None = None,
+                cold_starts: dict[str, float] | None = None) -> RoutingTable:
     """Pure assembly of the snapshot from what the database holds.
 
     ``revisions`` maps revision id → runtime; ``ready`` revision id → ready replica URLs;
     ``any_replicas`` the revisions with at least one replica in any state; ``costs``
     revision id → its cost model on this router's hardware; ``contexts`` revision id → the
-    context length of the model it serves.
+    context length of the model it serves; ``cold_starts`` revision id → its measured cold start.
     """
-    costs, contexts = costs or {}, contexts or {}
+    costs, contexts, cold_starts = costs or {}, contexts or {}, cold_starts or {}
     routes = {}
     for name in endpoint_names:
         revision_id = traffic.get(name)
         urls = tuple(sorted(ready.get(revision_id, []))) if revision_id else ()
         routes[name] = EndpointRoute(name=name, runtime=revisions.get(revision_id), revision_id=revision_id,
                                      replicas=urls, starting=bool(revision_id) and not urls and revision_id in any_replicas,
-                                     cost=costs.get(revision_id), context_tokens=contexts.get(revision_id))
+                                     cost=costs.get(revision_id), context_tokens=contexts.get(revision_id),
+                                     cold_start_s=cold_starts.get(revision_id))
     return RoutingTable(endpoints=routes, grants=grants)
 
 
@@ -64,6 +67,8 @@ def load_table(engine: Engine, hardware_profile: str | None = None) -> RoutingTa
         revisions = {rid: row.runtime for rid, row in revision_rows.items()}
         contexts = {rid: int(row.details["context_tokens"]) for rid, row in revision_rows.items()
                     if isinstance(row.details, dict) and isinstance(row.details.get("context_tokens"), int)}
+        cold_starts = {rid: float(row.details["cold_start_s"]) for rid, row in revision_rows.items()
+                       if isinstance(row.details, dict) and isinstance(row.details.get("cold_start_s"), (int, float))}
         ready: dict[str, list[str]] = {}
         any_replicas: set[str] = set()
         for row in session.scalars(select(ReplicaRow).where(ReplicaRow.state != "stopped")):
@@ -79,4 +84,5 @@ def load_table(engine: Engine, hardware_profile: str | None = None) -> RoutingTa
             cost = RouteCost.from_profile(profile.model) if profile is not None else None
             if cost is not None:
                 costs[revision_id] = cost
-    return build_table(names, traffic, revisions, ready, any_replicas, TokenStore(engine).grants(), costs, contexts)
+    return build_table(names, traffic, revisions, ready, any_replicas, TokenStore(engine).grants(), costs, contexts,
+                       cold_starts)
