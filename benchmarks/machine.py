@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 from pathlib import Path
@@ -20,10 +21,19 @@ def machine() -> dict:
 
 
 def write_result(path: str | None, *, benchmark: str, ours: dict, anchor: dict, ratio: float, goal: str,
-                 meets_goal: bool) -> dict:
-    """The common JSON shape: {"benchmark", "ours", "anchor", "ratio", "goal", "meets_goal", "machine"}."""
+                 meets_goal: bool, unmet_reason: str | None = None) -> dict:
+    """The common JSON shape: {"benchmark", "ours", "anchor", "ratio", "goal", "meets_goal", "machine"}.
+
+    A ratio that is not a finite number (an anchor that measured nothing) is written as 0 with
+    the goal unmet and ``unmet_reason`` saying why: never ``Infinity``.
+    """
+    if not math.isfinite(ratio):
+        unmet_reason = unmet_reason or f"the ratio was {ratio}: one side measured nothing"
+        ratio, meets_goal = 0.0, False
     result = {"benchmark": benchmark, "ours": ours, "anchor": anchor, "ratio": round(ratio, 3), "goal": goal,
               "meets_goal": bool(meets_goal), "machine": machine()}
+    if unmet_reason and not meets_goal:
+        result["unmet_reason"] = unmet_reason
     text = json.dumps(result, indent=2)
     if path:
         Path(path).write_text(text + "\n")
