@@ -1,8 +1,9 @@
 """Which replicas go when the endpoint scales down.
 
 The replicas with the least in-flight work go first, so the fewest requests wait on a drain;
-among equally idle ones the newest goes first (the highest id, with ids that sort by creation
-time, as the cluster backends issue them), which keeps the replicas whose caches are warmest.
+among equally idle ones the highest id goes first (compared as strings; on the local backend,
+whose ids are ``<revision>-<index>`` with freed indices reused, usually the newest replica, so
+the replicas whose caches are warmest stay).
 The choice is deterministic: the same snapshot always names the same victims.
 
     >>> pick_victims({"r-001": 3.0, "r-002": 0.0, "r-003": 0.0, "r-004": 1.5}, 3)

@@ -1,10 +1,14 @@
-"""An in-memory Cluster: replicas appear at once and become ready when a test says so."""
+"""An in-memory Cluster: replicas appear at once and become ready when a test says so.
+
+Which ids start and stop is :func:`cluster.replica_plan.plan`, as in the local supervisor.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from cluster.protocol import Replica, RevisionSpec, poll_changes
+from cluster.replica_plan import plan
 
 
 class InMemoryCluster:
@@ -18,7 +22,7 @@ class InMemoryCluster:
         self.revisions[spec.revision_id] = spec
         self._reconcile(spec.revision_id)
 
-    def scale(self, revision_id: str, replicas: int) -> None:
+    def scale(self, revision_id: str, replicas: int, victims: Sequence[str] = ()) -> None:
         if replicas < 0:
             raise ValueError("replicas must be >= 0")
         if revision_id not in self.revisions:
@@ -26,7 +30,7 @@ class InMemoryCluster:
         spec = self.revisions[revision_id]
         self.revisions[revision_id] = RevisionSpec(spec.revision_id, spec.endpoint, spec.model_dir, spec.runtime,
                                                    replicas, spec.runtime_config)
-        self._reconcile(revision_id)
+        self._reconcile(revision_id, victims if replicas < spec.replicas else ())
 
     def replicas(self, revision_id: str | None = None) -> list[Replica]:
         return sorted((r for r in self._replicas.values() if revision_id in (None, r.revision_id)),
@@ -46,15 +50,14 @@ class InMemoryCluster:
         self._replicas[replica_id] = Replica(replica.replica_id, replica.revision_id, replica.url, ready,
                                              "ready" if ready else "unhealthy", replica.restarts)
 
-    def _reconcile(self, revision_id: str) -> None:
-        wanted = self.revisions[revision_id].replicas
-        for index in range(wanted):
-            replica_id = f"{revision_id}-{index}"
-            if replica_id not in self._replicas:
-                self._next_port += 1
-                ready = self._ready_on_start
-                self._replicas[replica_id] = Replica(replica_id, revision_id, f"http://127.0.0.1:{self._next_port}",
-                                                     ready, "ready" if ready else "starting")
-        for replica in self.replicas(revision_id):
-            if int(replica.replica_id.rsplit("-", 1)[1]) >= wanted:
-                del self._replicas[replica.replica_id]
+    def _reconcile(self, revision_id: str, retiring: Sequence[str] = ()) -> None:
+        running = {r.replica_id for r in self.replicas(revision_id)}
+        to_start, to_stop = plan({revision_id: self.revisions[revision_id].replicas}, running,
+                                 {revision_id: retiring})
+        for replica_id in to_stop:
+            del self._replicas[replica_id]
+        for replica_id in to_start:
+            self._next_port += 1
+            ready = self._ready_on_start
+            self._replicas[replica_id] = Replica(replica_id, revision_id, f"http://127.0.0.1:{self._next_port}",
+                                                 ready, "ready" if ready else "starting")

@@ -8,7 +8,7 @@ EndpointSlices. ``cluster.fake.InMemoryCluster`` has the same semantics, for uni
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -39,8 +39,14 @@ class Cluster(Protocol):
     def apply(self, spec: RevisionSpec) -> None:
         """Create the revision, or update it to ``spec`` (idempotent)."""
 
-    def scale(self, revision_id: str, replicas: int) -> None:
-        """Set the desired replica count; KeyError for an unknown revision, ValueError below 0."""
+    def scale(self, revision_id: str, replicas: int, victims: Sequence[str] = ()) -> None:
+        """Set the desired replica count; KeyError for an unknown revision, ValueError below 0.
+
+        ``victims``: replica ids to stop first when the count goes down, in that order and only
+        as many as the count drops; the rest of the drop stops the highest replica indices.
+        Ignored when the count does not go down; unknown ids are ignored. A later scale-up
+        starts the lowest free indices, so replica ids stay unique.
+        """
 
     def replicas(self, revision_id: str | None = None) -> list[Replica]:
         """Current replicas, of one revision or of all."""

@@ -59,6 +59,8 @@ class RevisionRow(Base):
     # What it serves and why: checkpoint label, eval gate verdict and reasons, hardware profile, AMX state.
     details: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     desired_replicas: Mapped[int] = mapped_column(Integer)
+    # Replica ids the last scale-down named to stop first (``Cluster.scale``'s victims), in order.
+    retiring: Mapped[list | None] = mapped_column(JSON, nullable=True)
     state: Mapped[str] = mapped_column(String(16), index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from autoscale.clock import FakeClock
 from autoscale.controller.loop import (Controller, ControllerConfig, EndpointLoad, EndpointPlan, ReplicaCounts,
                                        ReplicaStats)
@@ -41,15 +43,23 @@ class Fleet:
         self.stats = ReplicaStats()
         self.leader = True
         self.scaled: list[tuple[str, int]] = []
+        self.victims: list[list[str]] = []  # named by each scale call
 
-    def scale(self, revision_id: str, replicas: int) -> None:
+    def scale(self, revision_id: str, replicas: int, victims=()) -> None:
         self.scaled.append((revision_id, replicas))
+        self.victims.append(list(victims))
         self.starting = max(0, replicas - self.ready)
         self.ready = min(self.ready, replicas)
         self.plan = replace(self.plan, desired_replicas=replicas)
 
     def finish_loading(self) -> None:
         self.ready, self.starting = self.ready + self.starting, 0
+
+    def counts(self) -> ReplicaCounts:
+        """Replica ``i`` answers at ``http://r{i}``: the ready ones first, then the starting ones."""
+        urls = [f"http://r{i}" for i in range(self.ready + self.starting)]
+        return ReplicaCounts(self.ready, self.starting, tuple(urls[:self.ready]),
+                             {url: f"{self.plan.revision_id}-{i}" for i, url in enumerate(urls)})
 
 
 def controller_for(fleet: Fleet, clock: FakeClock, recorder: Recorder) -> Controller:
@@ -62,8 +72,7 @@ def controller_for(fleet: Fleet, clock: FakeClock, recorder: Recorder) -> Contro
             return fleet.stats
 
     return Controller(plans=lambda: [fleet.plan],
-                      replicas=lambda rid: ReplicaCounts(fleet.ready, fleet.starting,
-                                                         tuple(f"http://r{i}" for i in range(fleet.ready))),
+                      replicas=lambda rid: fleet.counts(),
                       load=Load(), stats=Stats(), scale=fleet.scale, recorder=recorder,
                       is_leader=lambda: fleet.leader, clock=clock, config=ControllerConfig(), log=lambda _m: None)
 
@@ -193,3 +202,45 @@ def test_the_predictive_floor_adds_replicas_before_yesterday_s_ramp_comes_back()
     run(controller, clock, 200)  # past 09:58: the 10:00 ramp is within the 120 s cold start
     assert fleet.scaled and fleet.scaled[-1][1] == 10  # ceil(40 / 4), ordered before the load arrives
     assert any(r["rule"] == "predictive-floor" for r in recorder.rows)
+
+
+def test_a_scale_up_names_no_victims():
+    fleet, clock, recorder = Fleet(), FakeClock(1000.0), Recorder()
+    controller = controller_for(fleet, clock, recorder)
+    fleet.load = EndpointLoad(in_flight_requests=12.0)
+    run(controller, clock, 6)
+    assert fleet.scaled == [("gec-v1-aa", 3)] and fleet.victims == [[]]
+    assert "victims" not in recorder.rows[0]["inputs"]
+
+
+# Three replicas, a quiet lookback that wants two. Counting requests, r0 holds the least (one long
+# generation); counting model units, r1 does (two short requests). The backend alone would stop r2.
+BY_URL_REQUESTS = {"http://r0": 1.0, "http://r1": 2.0, "http://r2": 3.0}
+BY_URL_UNITS = {"http://r0": 300.0, "http://r1": 60.0, "http://r2": 100.0}
+
+
+@pytest.mark.parametrize("unit_cost_ms, victim", [
+    pytest.param(None, "gec-v1-aa-0", id="requests: the fewest requests in flight"),
+    pytest.param((1.0, 10.0, 40.0, 4), "gec-v1-aa-1", id="model units: the least work in flight"),
+])
+def test_a_scale_down_names_the_least_loaded_replica_as_its_victim(unit_cost_ms, victim):
+    # ceil(6 requests / 4) = 2; in units, ceil(460 / 264) = 2 (264 units: the model-unit test above)
+    plan = replace(PLAN, desired_replicas=3, unit_cost_ms=unit_cost_ms,
+                   runtime="vllm" if unit_cost_ms else "pyfunc")
+    fleet, clock, recorder = Fleet(plan), FakeClock(1000.0), Recorder()
+    controller = controller_for(fleet, clock, recorder)
+    fleet.load = EndpointLoad(in_flight_requests=6.0, in_flight_units=460.0,
+                              in_flight_requests_by_url=BY_URL_REQUESTS, in_flight_units_by_url=BY_URL_UNITS)
+    run(controller, clock, 310)  # past the 300 s lookback
+    assert fleet.scaled == [("gec-v1-aa", 2)]
+    assert fleet.victims == [[victim]]
+    assert recorder.rows[-1]["inputs"]["victims"] == [victim]
+
+
+def test_a_replica_no_router_sends_to_is_a_victim_before_a_busy_one():
+    plan = replace(PLAN, desired_replicas=3, min_replicas=1)
+    fleet, clock, recorder = Fleet(plan), FakeClock(1000.0), Recorder()
+    controller = controller_for(fleet, clock, recorder)
+    fleet.load = EndpointLoad(in_flight_requests=3.0, in_flight_requests_by_url={"http://r0": 2.0, "http://r2": 1.0})
+    run(controller, clock, 310)  # ceil(3 / 4) = 1: two go, r1 (absent from the routers: 0) first, then r2
+    assert fleet.scaled == [("gec-v1-aa", 1)] and fleet.victims == [["gec-v1-aa-1", "gec-v1-aa-2"]]

@@ -109,3 +109,34 @@ def test_every_backend_keeps_the_cluster_contract(backend):
     cluster.delete("iris-r1")
     cluster.delete("iris-r1")  # idempotent
     wait(lambda: cluster.replicas("iris-r1") == [], "the revision's replicas to go")
+
+
+def test_every_backend_stops_the_named_victims_first_and_reuses_their_ids(backend):
+    cluster, model_dir, wait = backend
+    cluster.apply(RevisionSpec("iris-r2", "iris", model_dir, "pyfunc", replicas=3))
+
+    def running(ids):
+        """The revision's replicas, once they are exactly ``ids`` and all ready: the count is exact."""
+        return lambda: (lambda rs: {r.replica_id: r.url for r in rs}
+                        if [r.replica_id for r in rs] == ids and all(r.ready for r in rs) else None)(
+            cluster.replicas("iris-r2"))
+
+    urls = wait(running(["iris-r2-0", "iris-r2-1", "iris-r2-2"]), "three ready replicas")
+
+    cluster.scale("iris-r2", 2, victims=["iris-r2-1", "iris-r2-0"])  # one more victim than the drop
+    after = wait(running(["iris-r2-0", "iris-r2-2"]), "the first victim named to go, and only it")
+    assert after == {rid: urls[rid] for rid in after}  # the others kept running: same processes
+
+    cluster.scale("iris-r2", 3, victims=["iris-r2-0"])  # a scale-up ignores victims
+    after = wait(running(["iris-r2-0", "iris-r2-1", "iris-r2-2"]), "the lowest free index started again")
+    assert after["iris-r2-0"] == urls["iris-r2-0"] and after["iris-r2-2"] == urls["iris-r2-2"]
+    urls = after
+
+    cluster.scale("iris-r2", 3, victims=["iris-r2-0"])  # so does an unchanged count
+    assert running(["iris-r2-0", "iris-r2-1", "iris-r2-2"])() == urls
+
+    cluster.scale("iris-r2", 1, victims=["no-such-replica", "iris-r2-0"])
+    after = wait(running(["iris-r2-1"]), "the victim, then the highest index, to go; the unknown id ignored")
+    assert after == {"iris-r2-1": urls["iris-r2-1"]}
+    cluster.delete("iris-r2")
+    wait(lambda: cluster.replicas("iris-r2") == [], "the revision's replicas to go")

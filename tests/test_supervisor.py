@@ -76,9 +76,9 @@ def predict(url: str) -> httpx.Response:
                       timeout=10)
 
 
-def test_plan_and_backoff_are_pure():
+def test_plan_and_backoff_are_pure():  # plan's cases: tests/test_replica_plan.py
     assert plan({"r": 2}, set()) == (["r-0", "r-1"], [])
-    assert plan({"r": 1}, {"r-0", "r-1"}) == ([], ["r-1"])
+    assert plan({"r": 1}, {"r-0", "r-1"}, {"r": ["r-0"]}) == ([], ["r-0"])
     assert [restart_delay_s(n, 0.5, 4.0) for n in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
 
 
@@ -236,3 +236,39 @@ def test_a_new_supervisor_adopts_the_healthy_replicas_of_one_that_crashed(superv
     assert survivor.ready and survivor.url == before["iris-r1-0"].url and survivor.restarts == 0
     assert predict(survivor.url).status_code == 200
     engine.dispose()
+
+
+def test_a_new_supervisor_adopts_the_replica_a_victim_left_behind_without_renaming_it(sqlite_url, tmp_path, iris_dir):
+    """A scale-down that named replica 0 leaves replica 1 alone; a restarted supervisor keeps it
+    (the same process, the same id) instead of stopping it to run replica 0 again."""
+    from controlplane import db
+
+    db.upgrade(sqlite_url)
+    engine = db.make_engine(sqlite_url)
+    crashed = Supervisor(engine, tmp_path / "logs", SupervisorConfig())
+    cluster = LocalCluster(engine)
+    cluster.apply(RevisionSpec("iris-r1", "iris", str(iris_dir), "pyfunc", replicas=2))
+
+    def reconciled_ready():
+        crashed.reconcile_once()
+        return ready(cluster, "iris-r1", 2)()
+
+    wait_for(reconciled_ready, 120, "two ready replicas")
+    cluster.scale("iris-r1", 1, victims=["iris-r1-0"])
+    crashed.reconcile_once()  # stops the victim, and waits for it
+    assert [r.replica_id for r in cluster.replicas("iris-r1")] == ["iris-r1-1"]
+    pid = crashed.replicas["iris-r1-1"]._process.pid
+    crashed.replicas["iris-r1-1"]._stop.set()  # the supervisor dies; its replica process does not
+
+    supervisor = Supervisor(engine, tmp_path / "logs", SupervisorConfig(restart_backoff_initial_s=0.2))
+    try:
+        supervisor.adopt_previous_run()
+        supervisor.reconcile_once()
+        assert set(supervisor.replicas) == {"iris-r1-1"}
+        wait_for(lambda: supervisor.replicas["iris-r1-1"]._process is not None, 10, "the adopted life to begin")
+        assert supervisor.replicas["iris-r1-1"]._process.pid == pid  # adopted, not restarted
+        [survivor] = wait_for(ready(cluster, "iris-r1", 1), 30, "the adopted replica ready")
+        assert survivor.replica_id == "iris-r1-1" and predict(survivor.url).status_code == 200
+    finally:
+        supervisor.stop_all()
+        engine.dispose()

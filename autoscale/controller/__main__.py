@@ -19,11 +19,10 @@ from cluster.hardware import detect_local
 from cluster.local.backend import LocalCluster
 from controlplane.db import make_engine
 from controlplane.routers import RouterStore
-from controlplane.scaling import Lease, ScalingStore
+from controlplane.scaling import AUTOSCALER_LEASE, AUTOSCALER_LEASE_TTL_S, Lease, ScalingStore
 from controlplane.settings import Settings
 from controlplane.tokens import TokenStore
 
-LEASE_TTL_S = 10.0
 
 
 class WallClock:
@@ -43,7 +42,7 @@ def main() -> None:
     cluster = LocalCluster(engine)
     tokens = TokenStore(engine)
     token_id, token = tokens.create([], admin=True, description=f"autoscaler pid {os.getpid()}")
-    lease = Lease(engine, "autoscaler", f"{socket.gethostname()}:{os.getpid()}", ttl_s=LEASE_TTL_S)
+    lease = Lease(engine, AUTOSCALER_LEASE, f"{socket.gethostname()}:{os.getpid()}", ttl_s=AUTOSCALER_LEASE_TTL_S)
     log = lambda message: print(message, flush=True)  # noqa: E731
     controller = Controller(
         plans=lambda: read_plans(engine, hardware), replicas=lambda rid: replica_counts(cluster, rid),

@@ -5,6 +5,9 @@ lease — reads the routers' in-flight work, appends one sample per serving endp
 :func:`autoscale.horizontal.decide` for a replica count and, every ``vertical_interval_s``,
 :func:`autoscale.vertical.tune` for a new per-replica target. A changed count goes to
 ``Cluster.scale``; every change is a row in ``scaling_decisions`` with its rule and numbers.
+A lower count names its victims (:func:`autoscale.victims.pick_victims`): the revision's
+replicas with the least work in flight at the routers, starting ones (nothing in flight)
+included, measured in the endpoint's scaling signal (requests, or model units).
 
 Windows live in memory and start empty: a controller that starts, restarts or takes the
 lease over begins with no history, and the horizontal policy never scales down until it
@@ -27,7 +30,7 @@ What each endpoint is scaled on:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -35,6 +38,7 @@ from autoscale.clock import Clock
 from autoscale.forecast import DemandHistory, apply_floor, predictive_floor
 from autoscale.horizontal import HorizontalConfig, HorizontalSignals, HorizontalState, Sample, decide, initial_state
 from autoscale.units import reference_request_units, unit_target
+from autoscale.victims import pick_victims
 from autoscale.vertical import (VerticalConfig, VerticalSignals, VerticalState, initial_vertical_state, target_bounds,
                                 tune)
 
@@ -51,6 +55,12 @@ class EndpointLoad:
     waiting_requests: int = 0
     p99_latency_ms: float | None = None  # over the routers' window; None without finished requests
     requests: int = 0  # finished in that window
+    errors: int = 0  # of which server errors (5xx)
+    # Per serving revision: (worst p99, answers, server errors), so a new one is judged on its own answers.
+    by_revision: Mapping[str, tuple[float | None, int, int]] = field(default_factory=dict, repr=False)
+    # Per replica base URL (which replicas a scale-down names); left out of the repr, which logs print.
+    in_flight_requests_by_url: Mapping[str, float] = field(default_factory=dict, repr=False)
+    in_flight_units_by_url: Mapping[str, float] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -97,7 +107,8 @@ class EndpointPlan:
 class ReplicaCounts:
     ready: int
     starting: int
-    urls: tuple[str, ...]
+    urls: tuple[str, ...]  # the ready replicas' base URLs
+    replica_ids_by_url: Mapping[str, str] = field(default_factory=dict)  # every replica: the victim candidates
 
 
 class Recorder(Protocol):
@@ -132,12 +143,24 @@ class ControllerConfig:
     vertical_interval_s: float = 30.0
 
 
+def in_flight_by_replica(counts: ReplicaCounts, in_flight_by_url: Mapping[str, float]) -> dict[str, float]:
+    """Each replica's work in flight, by replica id; 0 for one no router sends to (starting, unhealthy).
+
+    >>> counts = ReplicaCounts(ready=2, starting=1, urls=("http://a", "http://b"),
+    ...                        replica_ids_by_url={"http://a": "r-0", "http://b": "r-1", "http://c": "r-2"})
+    >>> in_flight_by_replica(counts, {"http://a": 3.0, "http://b": 1.0, "http://old": 5.0})
+    {'r-0': 3.0, 'r-1': 1.0, 'r-2': 0.0}
+    """
+    return {replica_id: float(in_flight_by_url.get(url, 0.0))
+            for url, replica_id in counts.replica_ids_by_url.items()}
+
+
 class Controller:
     """Gathers, decides, applies. ``tick`` is one pass; the process main calls it every second."""
 
     def __init__(self, *, plans: Callable[[], list[EndpointPlan]], replicas: Callable[[str], ReplicaCounts],
-                 load: LoadSource, stats: ReplicaStatsSource, scale: Callable[[str, int], None], recorder: Recorder,
-                 is_leader: Callable[[], bool], clock: Clock, config: ControllerConfig = ControllerConfig(),
+                 load: LoadSource, stats: ReplicaStatsSource, scale: Callable[[str, int, Sequence[str]], None],
+                 recorder: Recorder, is_leader: Callable[[], bool], clock: Clock, config: ControllerConfig = ControllerConfig(),
                  log: Callable[[str], None] = print) -> None:
         self._plans, self._replicas, self._load, self._stats = plans, replicas, load, stats
         self._scale, self._recorder, self._is_leader, self._clock = scale, recorder, is_leader, clock
@@ -189,8 +212,13 @@ class Controller:
                 decision = floored
                 window.horizontal = replace(window.horizontal, desired=decision.replicas)
         if decision.replicas != plan.desired_replicas:
-            self._scale(plan.revision_id, decision.replicas)
+            in_flight_by_url = load.in_flight_units_by_url if units else load.in_flight_requests_by_url
+            victims = pick_victims(in_flight_by_replica(counts, in_flight_by_url),
+                                   plan.desired_replicas - decision.replicas)
+            self._scale(plan.revision_id, decision.replicas, victims)
             inputs = {**decision.inputs, "signal": "model_units" if units else "requests", "target": per_replica}
+            if victims:
+                inputs["victims"] = victims
             self._recorder.record(plan.endpoint, plan.revision_id, "horizontal", replicas=decision.replicas,
                                   rule=decision.rule, reason=decision.reason, inputs=inputs)
             self._log(f"{plan.endpoint}: {plan.desired_replicas} → {decision.replicas} replicas ({decision.reason})")

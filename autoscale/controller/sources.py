@@ -2,7 +2,8 @@
 
 - :func:`read_plans`: per serving endpoint, its spec's scaling section, the serving revision,
   its cost profile on this hardware and the newest recorded vertical target;
-- :class:`RouterLoad`: every live router's ``GET /internal/in-flight``, summed;
+- :class:`RouterLoad`: every live router's ``GET /internal/in-flight``, summed per endpoint
+  and per replica URL (which replicas a scale-down names);
 - :class:`ReplicaMetrics`: the replicas' ``/metrics`` (queue depth, KV-cache use).
 """
 
@@ -70,7 +71,8 @@ def replica_counts(cluster: Cluster, revision_id: str) -> ReplicaCounts:
     replicas = cluster.replicas(revision_id)
     ready = [r for r in replicas if r.ready]
     starting = [r for r in replicas if not r.ready and r.state in ("starting", "pending")]
-    return ReplicaCounts(ready=len(ready), starting=len(starting), urls=tuple(r.url for r in ready))
+    return ReplicaCounts(ready=len(ready), starting=len(starting), urls=tuple(r.url for r in ready),
+                         replica_ids_by_url={r.url: r.replica_id for r in replicas})
 
 
 class RouterLoad:
@@ -95,14 +97,30 @@ class RouterLoad:
 
 
 def sum_snapshots(snapshots: list[dict]) -> dict[str, EndpointLoad]:
-    """Add the routers' current in-flight work per endpoint; the p99 is the worst router's.
+    """Add the routers' current in-flight work per endpoint and per replica; the p99 is the worst router's.
 
     >>> a = {"endpoints": {"gec": {"in_flight_requests": 3, "in_flight_units": 30.0, "waiting_requests": 0,
     ...                            "p99_latency_ms": 800.0, "requests": 40}}}
     >>> b = {"endpoints": {"gec": {"in_flight_requests": 2, "in_flight_units": 12.5, "waiting_requests": 1,
     ...                            "p99_latency_ms": 950.0, "requests": 10}}}
     >>> sum_snapshots([a, b])["gec"]
-    EndpointLoad(in_flight_requests=5.0, in_flight_units=42.5, waiting_requests=1, p99_latency_ms=950.0, requests=50)
+    EndpointLoad(in_flight_requests=5.0, in_flight_units=42.5, waiting_requests=1, p99_latency_ms=950.0, requests=50, errors=0)
+
+    Per replica, each router reports the work it sent there (``"replicas"``, by base URL):
+
+    >>> a["endpoints"]["gec"]["replicas"] = {"http://r0": {"in_flight_requests": 3, "in_flight_units": 30.0}}
+    >>> b["endpoints"]["gec"]["replicas"] = {"http://r0": {"in_flight_requests": 1, "in_flight_units": 2.5},
+    ...                                     "http://r1": {"in_flight_requests": 1, "in_flight_units": 10.0}}
+    >>> gec = sum_snapshots([a, b])["gec"]
+    >>> gec.in_flight_requests_by_url, gec.in_flight_units_by_url
+    ({'http://r0': 4.0, 'http://r1': 1.0}, {'http://r0': 32.5, 'http://r1': 10.0})
+
+    Per revision, answers and errors add up and the p99 is the worst router's:
+
+    >>> a["endpoints"]["gec"]["revisions"] = {"gec-v2": {"p99_latency_ms": 700.0, "requests": 30, "errors": 3}}
+    >>> b["endpoints"]["gec"]["revisions"] = {"gec-v2": {"p99_latency_ms": 900.0, "requests": 10, "errors": 0}}
+    >>> sum_snapshots([a, b])["gec"].by_revision
+    {'gec-v2': (900.0, 40, 3)}
     """
     totals: dict[str, EndpointLoad] = {}
     for snapshot in snapshots:
@@ -110,10 +128,24 @@ def sum_snapshots(snapshots: list[dict]) -> dict[str, EndpointLoad]:
             before = totals.get(name, EndpointLoad())
             p99 = load.get("p99_latency_ms")
             worst = max((v for v in (before.p99_latency_ms, p99) if v is not None), default=None)
-            totals[name] = EndpointLoad(before.in_flight_requests + float(load.get("in_flight_requests", 0)),
-                                        before.in_flight_units + float(load.get("in_flight_units", 0)),
-                                        before.waiting_requests + int(load.get("waiting_requests", 0)),
-                                        worst, before.requests + int(load.get("requests", 0)))
+            requests_by_url, units_by_url = dict(before.in_flight_requests_by_url), dict(before.in_flight_units_by_url)
+            for url, replica in (load.get("replicas") or {}).items():
+                requests_by_url[url] = requests_by_url.get(url, 0.0) + float(replica.get("in_flight_requests") or 0)
+                units_by_url[url] = units_by_url.get(url, 0.0) + float(replica.get("in_flight_units") or 0)
+            by_revision = dict(before.by_revision)
+            for revision_id, stats in (load.get("revisions") or {}).items():
+                p99_before, answers, errors = by_revision.get(revision_id, (None, 0, 0))
+                p99_here = stats.get("p99_latency_ms")
+                by_revision[revision_id] = (max((v for v in (p99_before, p99_here) if v is not None), default=None),
+                                            answers + int(stats.get("requests") or 0),
+                                            errors + int(stats.get("errors") or 0))
+            totals[name] = EndpointLoad(before.in_flight_requests + float(load.get("in_flight_requests") or 0),
+                                        before.in_flight_units + float(load.get("in_flight_units") or 0),
+                                        before.waiting_requests + int(load.get("waiting_requests") or 0),
+                                        worst, before.requests + int(load.get("requests") or 0),
+                                        before.errors + int(load.get("errors") or 0),
+                                        by_revision=by_revision, in_flight_requests_by_url=requests_by_url,
+                                        in_flight_units_by_url=units_by_url)
     return totals
 
 

@@ -1,13 +1,14 @@
 """``LocalCluster``: the Cluster Protocol over the control-plane database.
 
-Desired state goes into the ``revisions`` table (model files, runtime, replica count); the
+Desired state goes into the ``revisions`` table (model files, runtime, replica count, and
+the replicas a scale-down named to stop first, ``retiring``); the
 supervisor process (``cluster.local.supervisor``) reconciles it into processes and writes
 what it sees into the ``replicas`` table, which is also the router's discovery feed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from sqlalchemy import Engine, delete, select
 from sqlalchemy.orm import Session
@@ -38,17 +39,24 @@ class LocalCluster:
                 row = RevisionRow(id=spec.revision_id, endpoint=spec.endpoint, partition_key="", state="pending",
                                   created_at=now)
                 session.add(row)
+            if row.desired_replicas != spec.replicas:
+                row.retiring = None  # a new count names no victims: the highest indices go
             row.model_dir, row.runtime = spec.model_dir, spec.runtime
             row.runtime_config, row.desired_replicas = dict(spec.runtime_config), spec.replicas
             row.updated_at = now
 
-    def scale(self, revision_id: str, replicas: int) -> None:
+    def scale(self, revision_id: str, replicas: int, victims: Sequence[str] = ()) -> None:
+        """The count and its victims in one transaction, so the supervisor never sees one without the other."""
         if replicas < 0:
             raise ValueError("replicas must be >= 0")
         with Session(self._engine) as session, session.begin():
             row = session.get(RevisionRow, revision_id)
             if row is None:
                 raise KeyError(f"no revision {revision_id!r}")
+            if replicas < row.desired_replicas:
+                row.retiring = list(victims)
+            elif replicas > row.desired_replicas:
+                row.retiring = None  # a stale list must not pick the victims of a later scale-down
             row.desired_replicas = replicas
             row.updated_at = self._now()
 

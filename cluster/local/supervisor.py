@@ -1,7 +1,8 @@
 """The local backend's process supervisor: desired revisions in the database → replica processes.
 
 Every ``reconcile_interval_s`` it reads the revisions' desired replica counts, starts and
-stops replicas to match (:func:`plan`; stops run in parallel), and each replica is watched
+stops replicas to match (:func:`cluster.replica_plan.plan`: the replicas ``Cluster.scale``
+named as victims stop first; stops run in parallel), and each replica is watched
 by a thread of its own (:class:`ManagedReplica`): start the runtime's process on a free port,
 wait for ``GET /health``, send the runtime's probe request (ready = model loaded and one
 request answered), then watch forward progress through ``/metrics`` and restart the process,
@@ -41,6 +42,7 @@ from controlplane.backoff import restart_delay_s  # noqa: F401 - also used by th
 from controlplane.schema import ReplicaRow, RevisionRow
 from controlplane.store import utc_now
 from cluster.local.adoption import AdoptedProcess, healthy, replica_process
+from cluster.replica_plan import plan
 from serving.runtime.base import ReplicaRuntime, RuntimeConfig
 from serving.runtime.liveness import LivenessConfig, LivenessState, Verdict, decide
 from serving.runtime.process import replica_environment
@@ -62,16 +64,6 @@ class SupervisorConfig:
     stop_grace_s: float = 15.0
     liveness: LivenessConfig = LivenessConfig()  # idle probe 30 s, hung after 60 s without progress
     write_retry_s: float = 60.0  # keep retrying a status write this long through a locked database
-
-
-def plan(desired: dict[str, int], running: set[str]) -> tuple[list[str], list[str]]:
-    """Replica ids to start and to stop so that revision ``r`` has replicas ``r-0 … r-(n-1)``.
-
-    >>> plan({"gec-v2-1": 2, "gec-v1-1": 0}, {"gec-v1-1-0", "gec-v2-1-0"})
-    (['gec-v2-1-1'], ['gec-v1-1-0'])
-    """
-    wanted = {f"{revision}-{index}" for revision, count in desired.items() for index in range(count)}
-    return sorted(wanted - running), sorted(running - wanted)
 
 
 def free_port(host: str) -> int:
@@ -284,6 +276,16 @@ class ManagedReplica:
             row.restarts, row.last_error, row.updated_at = self.restarts, error, utc_now()
 
 
+def desired_counts(revisions: dict[str, RevisionRow]) -> dict[str, int]:
+    """Each revision's desired replica count; 0 for one no longer active (failed, retired)."""
+    return {rid: row.desired_replicas if row.state in ACTIVE_STATES else 0 for rid, row in revisions.items()}
+
+
+def retiring_ids(revisions: dict[str, RevisionRow]) -> dict[str, list[str]]:
+    """The replicas ``Cluster.scale`` named to stop first, per revision (``revisions.retiring``)."""
+    return {rid: list(row.retiring or ()) for rid, row in revisions.items()}
+
+
 class Supervisor:
     def __init__(self, engine: Engine, logs_dir: Path, config: SupervisorConfig = SupervisorConfig()) -> None:
         self._engine = engine
@@ -294,8 +296,7 @@ class Supervisor:
     def reconcile_once(self) -> None:
         with Session(self._engine) as session:
             revisions = {row.id: row for row in session.scalars(select(RevisionRow))}
-        desired = {rid: row.desired_replicas if row.state in ACTIVE_STATES else 0 for rid, row in revisions.items()}
-        to_start, to_stop = plan(desired, set(self.replicas))
+        to_start, to_stop = plan(desired_counts(revisions), set(self.replicas), retiring_ids(revisions))
         self._stop_in_parallel([self.replicas.pop(replica_id) for replica_id in to_stop])
         for replica_id in to_stop:
             with Session(self._engine) as session, session.begin():
@@ -317,17 +318,22 @@ class Supervisor:
             managed.start()
 
     def adopt_previous_run(self) -> None:
-        """Take over the healthy replicas a previous supervisor left running; stop and forget the rest."""
+        """Take over the healthy replicas a previous supervisor left running; stop and forget the rest.
+
+        Which of the healthy ones stay is :func:`plan` over them, as if this supervisor had
+        been running them: a revision's replicas keep their ids (gaps left by victims too),
+        and one still above its count stops its retiring replicas first.
+        """
         with Session(self._engine) as session:
             revisions = {row.id: row for row in session.scalars(select(RevisionRow))}
             rows = list(session.scalars(select(ReplicaRow)))
-        desired = {rid: row.desired_replicas if row.state in ACTIVE_STATES else 0 for rid, row in revisions.items()}
-        wanted, _ = plan(desired, set())
+        alive = {row.id: replica_process(row.pid, row.port) for row in rows}
+        healthy_ids = {row.id for row in rows if alive[row.id] and row.state == "ready"
+                       and row.revision_id in revisions and healthy(f"http://{row.host}:{row.port}")}
+        _, surplus = plan(desired_counts(revisions), healthy_ids, retiring_ids(revisions))
         for row in rows:
-            alive = replica_process(row.pid, row.port)
-            revision = revisions.get(row.revision_id)
-            if alive and row.id in wanted and row.state == "ready" and revision is not None \
-                    and healthy(f"http://{row.host}:{row.port}"):
+            if row.id in healthy_ids and row.id not in surplus:
+                revision = revisions[row.revision_id]
                 try:
                     managed = ManagedReplica(row.id, revision, runtime_for(revision.runtime), self._engine,
                                              self._logs_dir, self._config)
@@ -339,7 +345,7 @@ class Supervisor:
                     self.replicas[row.id] = managed
                     managed.start()
                     continue
-            if alive:
+            if alive[row.id]:
                 try:
                     os.killpg(row.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):

@@ -1,5 +1,6 @@
 """Autoscaling: the decisions the controller took, its leader lease, each endpoint's demand per
-minute (the predictive floor's history), and where each router answers.
+minute (the predictive floor's history), where each router answers, and which replicas of a
+revision a scale-down named to stop first.
 
 Revision ID: 0006
 Revises: 0005
@@ -17,6 +18,8 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("routers") as batch:
         batch.add_column(sa.Column("url", sa.String(255), nullable=True))
+    with op.batch_alter_table("revisions") as batch:
+        batch.add_column(sa.Column("retiring", sa.JSON(), nullable=True))
     op.create_table(
         "scaling_decisions",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
@@ -48,5 +51,7 @@ def downgrade() -> None:
     op.drop_table("leases")
     op.drop_table("demand_minutes")
     op.drop_table("scaling_decisions")
+    with op.batch_alter_table("revisions") as batch:
+        batch.drop_column("retiring")
     with op.batch_alter_table("routers") as batch:
         batch.drop_column("url")
