@@ -94,6 +94,8 @@ class RolloutDriver:
                 return Superseded(changed.current)
             self._routed_at = datetime.now(timezone.utc)
             self.revisions.set_state(action.revision_id, "serving")
+            # when its bake began, and what a rollback would return to (pipelines.health)
+            self.revisions.add_details(action.revision_id, routed_at=self._routed_at.isoformat(), replaced=previous)
             self.log(f"{action.endpoint}: traffic → {action.revision_id}" + (f" (was {previous})" if previous else ""))
             return previous
         if isinstance(action, Drain):

@@ -23,6 +23,8 @@ from controlplane.schema import DemandMinuteRow, LeaseRow, ScalingDecisionRow
 from controlplane.store import Clock, utc_now
 
 AXES = ("horizontal", "vertical")
+AUTOSCALER_LEASE = "autoscaler"
+AUTOSCALER_LEASE_TTL_S = 10.0  # renewed every second by the leader
 DEMAND_KEPT_MINUTES = 8 * 24 * 60  # the predictive floor looks a day and a week back
 KEEP_PER_ENDPOINT = 1000  # older decisions are pruned: the table is a recent log, not an archive
 

@@ -17,6 +17,7 @@ from controlplane.settings import Settings
 
 DATABASE_URL_ENV = "MODELPLANE_DATABASE_URL"
 from pipelines.cost_sensor import cost_model_sensor
+from pipelines.health import endpoint_health, endpoint_health_sensor, rollback_job
 from pipelines.jobs import cost_model_job, deploy_job
 from pipelines.resources import (ClusterResource, ControlPlaneResource, ModelStoreResource, QuantizerResource,
                                  RegistryResource)
@@ -42,8 +43,8 @@ def build_resources(settings: Settings) -> dict:
 
 defs = Definitions(
     assets=[source_model, quantized_checkpoint, cost_model, served_endpoint],
-    asset_checks=[eval_gate],
-    jobs=[deploy_job, cost_model_job],
-    sensors=[registry_sensor, revision_reaper_sensor, cost_model_sensor],
+    asset_checks=[eval_gate, endpoint_health],
+    jobs=[deploy_job, cost_model_job, rollback_job],
+    sensors=[registry_sensor, revision_reaper_sensor, cost_model_sensor, endpoint_health_sensor],
     resources=build_resources(Settings.from_env()),
 )

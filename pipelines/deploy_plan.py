@@ -7,7 +7,8 @@ sensor asks for a deploy run of the desired version, unless
 - a deploy run of the same model is in flight (rollouts of one endpoint never interleave;
   the next tick looks again when it is done);
 - the endpoint's last attempt at this version was refused by the eval gate (a decision, not
-  a transient failure: retrying would quantize and evaluate the same thing again), or
+  a transient failure: retrying would quantize and evaluate the same thing again), or the
+  health sensor rolled this version back on this endpoint after it failed its bake, or
   ``max_attempts`` runs for it have failed since the endpoint began wanting it.
 
 Moving an alias back to a version served before is a deploy like any other; when that
@@ -125,6 +126,7 @@ class EndpointView:
     serving_partition: str | None  # what its traffic goes to
     sections: str = ""  # artifact_sections of its spec now
     reusable: bool = False  # the desired version's artifacts were built under today's spec sections
+    rolled_back: str | None = None  # why the health sensor rolled the desired version back on this endpoint
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,10 @@ def plan_tick(endpoints: list[EndpointView], runs: Mapping[str, RunView], models
         last = runs.get(attempt.run_keys[-1]) if attempt.run_keys else None
         lost = (last is not None and last.status is None and attempt.last_request_s is not None
                 and now_s - attempt.last_request_s >= LOST_REQUEST_S)
+        if view.rolled_back:
+            notes.append(f"{view.name}: {desired} was rolled back ({view.rolled_back}); it keeps its current revision "
+                         "until the alias names another version")
+            continue
         if view.model in models_in_flight or (last is not None and last.status in (None, "in_flight") and not lost):
             continue  # the run asked for (or another of this model) is queued or running
         if last is not None and last.refused_by_gate:

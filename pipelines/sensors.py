@@ -21,7 +21,7 @@ from controlplane.revisions import RevisionStore
 from pipelines.deploy_plan import (GATE_TAG, RUN_KEY_TAG, EndpointView, RunView, SensorCursor, artifact_sections,
                                    lookups_for_tick, plan_tick)
 from pipelines.jobs import deploy_job
-from pipelines.registry import RegistryError, parse_partition_key
+from pipelines.registry import RegistryError, parse_partition_key, partition_key
 from pipelines.reaper import ACTIVE, Owned, orphans
 from pipelines.resources import ClusterResource, ControlPlaneResource, RegistryResource
 
@@ -59,10 +59,15 @@ def registry_sensor(
     resolved = {key: version for key, version in {**cursor.resolved, **fresh}.items()
                 if key in {f"{m}@{a}" for m, a in watched}}
 
-    serving = _serving_partitions(RevisionStore(control_plane.engine()))
+    revisions = RevisionStore(control_plane.engine())
+    serving, rolled_back = _serving_partitions(revisions), _rolled_back(revisions)
     instance = context.instance
-    views = [EndpointView(spec.name, spec.registered_model, resolved.get(f"{spec.registered_model}@{spec.alias}"),
-                          serving.get(spec.name), artifact_sections(spec)) for spec in specs]
+    views = []
+    for spec in specs:
+        desired = resolved.get(f"{spec.registered_model}@{spec.alias}")
+        key = partition_key(spec.registered_model, desired) if desired else None
+        views.append(EndpointView(spec.name, spec.registered_model, desired, serving.get(spec.name),
+                                  artifact_sections(spec), rolled_back=rolled_back.get((spec.name, key))))
     views = [_with_reuse(instance, view) for view in views]
     known = SensorCursor(cursor.last_poll_s if not lookups.polled else now_s, resolved, cursor.attempts, cursor.serial)
     runs = {key: _run_view(instance, key) for attempt in known.attempts.values() for key in attempt.run_keys[-1:]}
@@ -91,6 +96,12 @@ def registry_sensor(
 def _aware(moment: datetime) -> datetime:
     """SQLite gives back naive datetimes; the control plane writes UTC."""
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
+def _rolled_back(revisions: RevisionStore) -> dict[tuple[str, str], str]:
+    """{(endpoint, partition key): why} for every version the health sensor rolled back on an endpoint."""
+    return {(r.endpoint, r.partition_key): str(r.details["rolled_back"]) for r in revisions.list()
+            if r.details.get("rolled_back")}
 
 
 def _serving_partitions(revisions: RevisionStore) -> dict[str, str]:

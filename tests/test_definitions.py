@@ -18,7 +18,8 @@ def test_deploy_job_is_exactly_the_deploy_steps_and_the_gate_partitioned_by_mode
     assert job.partitions_def.name == "model_versions"
     assert {key.to_user_string() for key in job.asset_layer.executable_asset_keys} == DEPLOY_ASSETS
     checks = defs.resolve_asset_graph().asset_check_keys
-    assert {(c.asset_key.to_user_string(), c.name) for c in checks} == {("quantized_checkpoint", "eval_gate")}
+    assert {(c.asset_key.to_user_string(), c.name) for c in checks} == {("quantized_checkpoint", "eval_gate"),
+                                                                              ("served_endpoint", "endpoint_health")}
 
 
 def test_the_measuring_steps_share_one_pool_and_the_instance_limits_it_to_one():
@@ -36,7 +37,7 @@ def test_the_measuring_steps_share_one_pool_and_the_instance_limits_it_to_one():
 
 
 @pytest.mark.parametrize("name, job", [("registry_sensor", "deploy"), ("revision_reaper_sensor", None),
-                                       ("cost_model_sensor", "remeasure_cost")])
+                                       ("cost_model_sensor", "remeasure_cost"), ("endpoint_health_sensor", "rollback")])
 def test_every_sensor_runs_by_default(name, job):
     sensor = defs.resolve_sensor_def(name)
     assert sensor.default_status.value == "RUNNING"

@@ -32,8 +32,8 @@ def test_an_alias_never_resolved_is_looked_up_before_the_next_poll():
     assert lookups.pairs == (("new", "champion"),)
 
 
-def view(name="gec", desired="2", serving=None, model="gec", reusable=False, sections="s1"):
-    return EndpointView(name, model, desired, serving, sections, reusable)
+def view(name="gec", desired="2", serving=None, model="gec", reusable=False, sections="s1", rolled_back=None):
+    return EndpointView(name, model, desired, serving, sections, reusable, rolled_back)
 
 
 def test_an_endpoint_serving_what_its_alias_names_needs_nothing():
@@ -77,6 +77,14 @@ def test_a_failed_deploy_is_tried_again_a_bounded_number_of_times():
     requested, plan = tick_until_quiet("failure")
     assert len(requested) == MAX_ATTEMPTS
     assert "failed; not trying again" in plan.notes[0]
+
+
+def test_a_version_rolled_back_after_its_bake_is_not_deployed_again_on_that_endpoint():
+    plan = plan_tick([view(serving="gec.v1", rolled_back="20.0% server errors in its first 60 s"),
+                      view(name="gec-canary", serving="gec.v1")], {}, set(), SensorCursor(), now_s=0.0)
+    assert [d.endpoints for d in plan.deploys] == [("gec-canary",)]  # the other endpoint still wants it
+    assert plan.notes == ["gec: gec.v2 was rolled back (20.0% server errors in its first 60 s); it keeps its "
+                          "current revision until the alias names another version"]
 
 
 def test_a_version_the_gate_refused_is_not_tried_again():

@@ -260,11 +260,13 @@ def pyfunc_pids() -> set[int]:
 
 
 def test_a_service_that_dies_is_restarted_while_the_endpoints_keep_serving(platform):
-    """SIGKILL the admin API and the replica supervisor: `up` restarts both; the router never stops
-    answering, and the new supervisor adopts the running iris replica instead of restarting it."""
+    """SIGKILL the admin API, the replica supervisor and the autoscaler: `up` restarts them; the router
+    never stops answering, the new supervisor adopts the running iris replica instead of restarting
+    it, and the new autoscaler takes the lease over (with no history, it scales nothing down)."""
     replica_pids = pyfunc_pids()
+    desired_before = iris_desired_replicas(platform)
     with steady_iris_requests(platform, pause_s=0.05) as statuses:
-        for module in ("controlplane.admin_api", "cluster.local.supervisor"):
+        for module in ("controlplane.admin_api", "cluster.local.supervisor", "autoscale.controller"):
             old = service_process(platform, module)
             old.kill()
             wait_for(lambda: getattr(service_process(platform, module), "pid", old.pid) != old.pid, 60,
@@ -274,6 +276,33 @@ def test_a_service_that_dies_is_restarted_while_the_endpoints_keep_serving(platf
     assert platform.process.poll() is None and "restarted it" in platform.log()
     assert len(statuses) > 20 and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
     assert replica_pids and replica_pids <= pyfunc_pids()  # adopted, not restarted
+    autoscaler = service_process(platform, "autoscale.controller")
+    wait_for(lambda: autoscaler_lease_holder(platform).endswith(f":{autoscaler.pid}"), 30, "the new autoscaler's lease")
+    assert iris_desired_replicas(platform) >= desired_before
+
+
+def autoscaler_lease_holder(platform) -> str:
+    from controlplane.db import make_engine
+    from controlplane.scaling import AUTOSCALER_LEASE, Lease
+
+    engine = make_engine(f"sqlite:///{platform.home / 'controlplane.db'}")
+    try:
+        held = Lease(engine, AUTOSCALER_LEASE, "test", ttl_s=10).holder_now()
+        return held[0] if held else ""
+    finally:
+        engine.dispose()
+
+
+def iris_desired_replicas(platform) -> int:
+    from controlplane.db import make_engine
+    from controlplane.revisions import RevisionStore
+
+    engine = make_engine(f"sqlite:///{platform.home / 'controlplane.db'}")
+    try:
+        revisions = RevisionStore(engine)
+        return revisions.get(revisions.traffic()["iris"]).desired_replicas
+    finally:
+        engine.dispose()
 
 
 def test_sigterm_stops_every_process_it_started(platform):

@@ -324,7 +324,7 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
 
     async def handle(request: Request, endpoint_of: Callable, build: Callable) -> Response:
         started = time.perf_counter()
-        endpoint = "-"
+        endpoint, revision_id = "-", None
         try:
             grant = await authenticate(request)
             body = await read_body(request)
@@ -332,6 +332,7 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
             endpoint, payload = endpoint_of(request, body)
             route = admission.authorize(grant, endpoint, table, config.retry_after_s)
             route = await activator.ready_route(route, lambda: state["table"].endpoints.get(endpoint))
+            revision_id = route.revision_id
             upstream = build(route, payload, body)
             metrics.in_flight.labels(endpoint).inc()
             try:
@@ -343,8 +344,8 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
         known = endpoint if endpoint in state["table"].endpoints else "-"
         metrics.requests.labels(known, str(response.status_code)).inc()
         metrics.latency.labels(known).observe(time.perf_counter() - started)
-        if known != "-" and 200 <= response.status_code < 300:
-            latencies.observe(known, 1000 * (time.perf_counter() - started), clock())
+        if known != "-":
+            latencies.observe(known, 1000 * (time.perf_counter() - started), clock(), response.status_code, revision_id)
         return response
 
     async def invocations(request: Request) -> Response:
