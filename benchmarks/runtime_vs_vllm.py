@@ -22,6 +22,7 @@ with jemalloc preloaded (one server at a time).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import statistics
@@ -174,19 +175,26 @@ def run_server(name: str, argv: list[str], env: dict[str, str], port: int, model
     return {"argv": argv[1:], "env": env, "startup_s": round(startup_s, 1), "levels": levels_out}
 
 
-def judge(ours_runs: list[list[dict]], anchor_runs: list[list[dict]], levels: list[int]) -> tuple[dict, bool, str]:
+def judge(ours_runs: list[list[dict]], anchor_runs: list[list[dict]], levels: list[int],
+          duration_s: float = 20.0) -> tuple[dict, bool, str]:
     """Per level: throughput and p99 ratios over the repeats; the goal must hold at *every* level.
 
     Goal at a level: median throughput ratio ≥ 0.95 and median p99 ratio ≤ 1.05, and no request
-    failed on either server (an anchor with errors is no baseline to beat).
+    failed on either server (an anchor with errors is no baseline to beat). A run in which no
+    request finished inside the measured window has no p99: it counts as the window's length,
+    the least its latency was (never NaN, which would make every median meaningless).
     """
+    def p99_ms(run: dict) -> float:
+        value = run["p99_ms"]
+        return value if math.isfinite(value) else duration_s * 1000
+
     key = "server_output_tokens_per_s"  # exact; every answer is MAX_TOKENS long, so this is req/s × 50
     by_level, reasons = {}, []
     for index, level in enumerate(levels):
         ours = [run[index] for run in ours_runs]
         anchor = [run[index] for run in anchor_runs]
         throughput = spread(ratios([o[key] for o in ours], [a[key] for a in anchor]))
-        p99 = spread(ratios([o["p99_ms"] for o in ours], [a["p99_ms"] for a in anchor]))
+        p99 = spread(ratios([p99_ms(o) for o in ours], [p99_ms(a) for a in anchor]))
         errors = {"ours": sum(o["errors"] for o in ours), "anchor": sum(a["errors"] for a in anchor)}
         by_level[str(level)] = {"throughput_ratio": throughput, "p99_ratio": p99, "errors": errors,
                                 "ours_tokens_per_s": spread([o[key] for o in ours]),
@@ -229,7 +237,7 @@ def main() -> None:
                                      duration_s, warmup_s),
     }, repeats)
     by_level, meets, reason = judge([r["levels"] for r in runs["ours"]], [r["levels"] for r in runs["anchor"]],
-                                    levels)
+                                    levels, duration_s)
     top = by_level[str(levels[-1])]
     ours = {"argv": runs["ours"][0]["argv"], "env": runs["ours"][0]["env"],
             "startup_s": spread([r["startup_s"] for r in runs["ours"]]), "by_level": by_level,

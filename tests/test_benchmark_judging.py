@@ -39,6 +39,14 @@ def test_each_figure_is_given_as_min_median_max_of_the_repeats():
     assert by_level["4"]["throughput_ratio"] == {"min": 0.9, "median": 1.0, "max": 1.3, "n": 3}
 
 
+def test_a_run_where_nothing_finished_counts_its_whole_window_as_its_p99():
+    ours = [[level(100, 50)], [level(0, float("nan"))], [level(100, 50)]]
+    anchor = [[level(100, 50)]] * 3
+    by_level, _, _ = judge(ours, anchor, [4], duration_s=20.0)
+    assert by_level["4"]["p99_ratio"] == {"min": 1.0, "median": 1.0, "max": 400.0, "n": 3}  # 20,000 ms / 50 ms
+    assert by_level["4"]["throughput_ratio"]["min"] == 0.0
+
+
 def test_an_anchor_that_measured_nothing_gives_a_zero_ratio_and_an_unmet_goal(tmp_path, capsys):
     path = tmp_path / "out.json"
     write_result(str(path), benchmark="b", ours={}, anchor={}, ratio=float("inf"), goal="g", meets_goal=True)

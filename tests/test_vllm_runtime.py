@@ -483,3 +483,12 @@ def test_a_checkpoint_with_a_kv_cache_scheme_runs_with_an_fp8_kv_cache(tiny_mode
     (checkpoint / "config.json").write_text(json.dumps(config))
     argv = cpu_runtime().command(checkpoint, "127.0.0.1", 8000, RuntimeConfig(model_name="m")).argv
     assert argv[argv.index("--kv-cache-dtype") + 1] == "fp8"
+
+
+def test_thread_binding_follows_its_environment_variable_and_refuses_nonsense(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("MODELPLANE_VLLM_BIND_THREADS", "false")
+    env = cpu_runtime(VllmSettings()).command(tiny_model_dir, "127.0.0.1", 8000, RuntimeConfig("m")).env
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in env  # vLLM then picks its own ("auto")
+    monkeypatch.setenv("MODELPLANE_VLLM_BIND_THREADS", "sometimes")
+    with pytest.raises(ValueError, match="MODELPLANE_VLLM_BIND_THREADS must be true or false"):
+        VllmSettings()

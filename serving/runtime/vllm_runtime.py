@@ -57,6 +57,18 @@ PROCESS_OVERHEAD_GIB = 1.0
 CPU_DEFAULT_MAX_NUM_SEQS = 128
 
 
+def bind_threads_from_env(environ=os.environ) -> bool:
+    """``MODELPLANE_VLLM_BIND_THREADS``: true (the default) or false; anything else is an error.
+
+    >>> bind_threads_from_env({}), bind_threads_from_env({"MODELPLANE_VLLM_BIND_THREADS": "false"})
+    (True, False)
+    """
+    value = environ.get("MODELPLANE_VLLM_BIND_THREADS", "true").strip().lower()
+    if value not in ("true", "false", "1", "0"):
+        raise ValueError(f"MODELPLANE_VLLM_BIND_THREADS must be true or false, got {value!r}")
+    return value in ("true", "1")
+
+
 @dataclass(frozen=True)
 class VllmSettings:
     """Settings of the vLLM runtime that do not come from the endpoint spec.
@@ -71,7 +83,10 @@ class VllmSettings:
     enforce_eager_on_cuda: bool = False  # CUDA graphs are worth their capture time on GPUs
     kv_cache_share: float = 0.5
     kv_cache_max_gib: int | None = None  # a ceiling, e.g. to pack several replicas on one node
-    bind_threads: bool = True  # VLLM_CPU_OMP_THREADS_BIND = the replica's cores (else vLLM's "auto")
+    # VLLM_CPU_OMP_THREADS_BIND = the replica's cores (else vLLM's "auto": 1 thread, 1 core left free).
+    # Default: $MODELPLANE_VLLM_BIND_THREADS (true/false), else true; fragile on shared cores
+    # (docs/benchmarks.md, runtime_vs_vllm).
+    bind_threads: bool = field(default_factory=lambda: bind_threads_from_env())
     preload_jemalloc: bool = False  # LD_PRELOAD jemalloc when installed: far slower here (docs/benchmarks.md)
     uvicorn_access_log: bool = False  # one log line per request costs CPU on a busy replica
     extra_args: tuple[str, ...] = ()
