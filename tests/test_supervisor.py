@@ -223,6 +223,22 @@ def test_a_new_supervisor_adopts_the_healthy_replicas_of_one_that_crashed(superv
     os.kill(pids["iris-r1-1"], signal.SIGKILL)  # … except this one, which a new supervisor must restart
 
     _, supervisor = supervise(SupervisorConfig(restart_backoff_initial_s=0.2))
+    try:
+        check_adoption(supervisor, cluster, pids, before)
+    finally:
+        kill_groups(pids.values())  # whatever the test left of the crashed supervisor's replicas
+        engine.dispose()
+
+
+def kill_groups(pids) -> None:
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)  # replicas lead their own process group
+        except ProcessLookupError:
+            pass
+
+
+def check_adoption(supervisor, cluster, pids, before) -> None:
     def restarted():
         managed = supervisor.replicas.get("iris-r1-1")
         process = managed and managed._process
@@ -235,7 +251,6 @@ def test_a_new_supervisor_adopts_the_healthy_replicas_of_one_that_crashed(superv
     [survivor] = [r for r in cluster.replicas("iris-r1") if r.replica_id == "iris-r1-0"]
     assert survivor.ready and survivor.url == before["iris-r1-0"].url and survivor.restarts == 0
     assert predict(survivor.url).status_code == 200
-    engine.dispose()
 
 
 def test_a_new_supervisor_adopts_the_replica_a_victim_left_behind_without_renaming_it(sqlite_url, tmp_path, iris_dir):
@@ -271,4 +286,5 @@ def test_a_new_supervisor_adopts_the_replica_a_victim_left_behind_without_renami
         assert survivor.replica_id == "iris-r1-1" and predict(survivor.url).status_code == 200
     finally:
         supervisor.stop_all()
+        kill_groups([pid])
         engine.dispose()

@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 
+from autoscale.controller.local_cpu import LocalCpu
 from autoscale.controller.loop import Controller, ControllerConfig
 from autoscale.controller.sources import ReplicaMetrics, RouterLoad, read_plans, replica_counts
 from cluster.hardware import detect_local
@@ -46,7 +47,8 @@ def main() -> None:
     log = lambda message: print(message, flush=True)  # noqa: E731
     controller = Controller(
         plans=lambda: read_plans(engine, hardware), replicas=lambda rid: replica_counts(cluster, rid),
-        load=RouterLoad(RouterStore(engine), token, log=log), stats=ReplicaMetrics(), scale=cluster.scale,
+        load=RouterLoad(RouterStore(engine), token, log=log), stats=ReplicaMetrics(cpu=LocalCpu(engine)),
+        scale=cluster.scale,
         recorder=ScalingStore(engine), is_leader=lease.acquire, clock=WallClock(),
         config=ControllerConfig(), log=log)
     log(f"autoscaler running (lease holder {lease.holder})")

@@ -242,14 +242,14 @@ class Controller:
         if last is not None and last < minute:
             self._recorder.save_demand(endpoint, last, window.history.peak_by_minute[last])
 
-    @staticmethod
-    def _vertical_config(plan: EndpointPlan) -> VerticalConfig:
+    def _vertical_config(self, plan: EndpointPlan) -> VerticalConfig:
         if plan.target_pinned:
             low = high = plan.target_concurrency
         else:
             low, high = target_bounds(plan.sweep_concurrency, plan.target_concurrency)
         return VerticalConfig(initial_target=min(max(plan.target_concurrency, low), high), min_target=low,
-                              max_target=high, slo_p99_ms=plan.slo_p99_ms)
+                              max_target=high, slo_p99_ms=plan.slo_p99_ms,
+                              interval_s=self.config.vertical_interval_s)
 
     def _vertical(self, plan: EndpointPlan, window: Window, load: EndpointLoad, counts: ReplicaCounts,
                   now_s: float) -> None:

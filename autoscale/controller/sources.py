@@ -150,10 +150,12 @@ def sum_snapshots(snapshots: list[dict]) -> dict[str, EndpointLoad]:
 
 
 class ReplicaMetrics:
-    """Queue depth and KV-cache use from the replicas' Prometheus ``/metrics``, averaged over them."""
+    """Queue depth and KV-cache use from the replicas' Prometheus ``/metrics``, and CPU use where a
+    reader is given, averaged over the replicas."""
 
-    def __init__(self, client: httpx.Client | None = None) -> None:
+    def __init__(self, client: httpx.Client | None = None, cpu=None) -> None:
         self._client = client or httpx.Client(timeout=2.0)
+        self._cpu = cpu  # local backend: autoscale.controller.local_cpu.LocalCpu (None: not read)
 
     def read(self, replica_urls: list[str], runtime: str) -> ReplicaStats:
         queues, kv = [], []
@@ -167,7 +169,8 @@ class ReplicaMetrics:
             kv_value = next((values[name] for name in VLLM_KV_CACHE if name in values), None)
             if kv_value is not None:
                 kv.append(kv_value)
-        return ReplicaStats(queue_depth=sum(queues) / len(queues) if queues else 0.0, cpu_utilization=None,
+        cpu = self._cpu.mean_utilization(replica_urls) if self._cpu is not None else None
+        return ReplicaStats(queue_depth=sum(queues) / len(queues) if queues else 0.0, cpu_utilization=cpu,
                             kv_cache_utilization=sum(kv) / len(kv) if kv else None)
 
 

@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session
 
 from cluster.local.backend import ACTIVE_STATES
 from controlplane.backoff import restart_delay_s  # noqa: F401 - also used by the tests from here
+from controlplane.routers import RouterStore
 from controlplane.schema import ReplicaRow, RevisionRow
 from controlplane.store import utc_now
 from cluster.local.adoption import AdoptedProcess, healthy, replica_process
@@ -62,6 +63,7 @@ class SupervisorConfig:
     restart_backoff_initial_s: float = 1.0
     restart_backoff_max_s: float = 30.0
     stop_grace_s: float = 15.0
+    router_wait_s: float = 10.0  # a stopping replica waits this long at most for every router to drop it
     liveness: LivenessConfig = LivenessConfig()  # idle probe 30 s, hung after 60 s without progress
     write_retry_s: float = 60.0  # keep retrying a status write this long through a locked database
 
@@ -128,8 +130,13 @@ class ManagedReplica:
         with self._process_lock:
             self._stop.set()
             process = self._process
+        stopping_since = utc_now()
         self._write("stopping", None)  # out of the router's table before the process goes
         if process is not None:
+            # every live router drops it first (a request it still sends is not refused at the socket)
+            deadline = time.monotonic() + self._config.router_wait_s
+            while RouterStore(self._engine).lagging(stopping_since) and time.monotonic() < deadline:
+                time.sleep(0.1)
             kill_group(process, self._config.stop_grace_s)
         self._thread.join(timeout=self._config.stop_grace_s + 15)
         self._write("stopped", None)
