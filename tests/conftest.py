@@ -13,10 +13,16 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from sqlalchemy import create_engine, text
 
 from controlplane import db
 from serving.runtime.process import free_port  # noqa: F401 - the tests import it from here
+
+# Timings never decide pass/fail on these shared machines: no hypothesis deadline (a first
+# example that imports numpy under load took 478 ms against the default 200 ms).
+settings.register_profile("modelplane", deadline=None)
+settings.load_profile("modelplane")
 
 POSTGRES_ADMIN_URL = os.environ.get("MODELPLANE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
