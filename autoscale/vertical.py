@@ -10,8 +10,10 @@ CPU/GPU/KV-cache utilization:
   requests queued inside the engine per replica): the target is multiplied by the smallest of
   ``slo / p99``, ``utilization_high / utilization`` and ``target / (target + queue_depth)``,
   but never below ``target × (1 - max_step_down)`` (half) in one cycle. Cut fast;
-- **raise** when p99 is below ``slo × raise_below_slo_fraction`` (0.7 × SLO) and nothing is
-  stressed: by ``max_step_up`` (10 %) per cycle. Raise slowly, and only where the replicas
+- **raise** when p99 is below ``slo × raise_below_slo_fraction`` (0.7 × SLO), nothing is
+  stressed and at most ``raise_max_queue_fraction × queue_depth_high`` (0.5) requests are
+  queued per replica (a raise near the queue's stress line would be cut back the next
+  cycle: the target would oscillate): by ``max_step_up`` (10 %) per cycle. Raise slowly, and only where the replicas
   actually ran near their target (``raise_min_load_fraction``), since low latency at low load
   says nothing about a higher target;
 - **dead band** in between: p99 in [0.7, 1.1] × SLO is where a well-tuned target sits.
@@ -42,6 +44,7 @@ class VerticalConfig:
     utilization_high: float = 0.9
     raise_below_slo_fraction: float = 0.7  # raise only while p99 is under 70 % of the SLO
     queue_depth_high: float = 1.0  # more queued inside the engine per replica than this is stress
+    raise_max_queue_fraction: float = 0.5  # raise only with at most this × queue_depth_high queued (hysteresis)
     raise_min_load_fraction: float = 0.8  # raise only where replicas ran at ≥ 80 % of the target
 
     def __post_init__(self) -> None:
@@ -183,6 +186,10 @@ def tune(signals: VerticalSignals, config: VerticalConfig, state: VerticalState,
         bound = f", held at min_target {config.min_target:g}" if new == config.min_target > floor else ""
         return change(new, "cut", f"{why}: target {current:.2f} × {factor:.2f} → {new:.2f}{step}{bound}")
     if p99 < low_ms:
+        queue_limit = config.raise_max_queue_fraction * config.queue_depth_high
+        if signals.queue_depth > queue_limit:  # hysteresis: near the queue's stress line a raise would be cut back
+            return keep("hold", f"p99 {p99:.0f} ms < {low_ms:.0f} ms, but {signals.queue_depth:.1f} queued per "
+                        f"replica is above {queue_limit:g}: a higher target would queue more")
         load = signals.in_flight_per_replica
         if load is not None and load < config.raise_min_load_fraction * current:
             return keep("hold", f"p99 {p99:.0f} ms < {low_ms:.0f} ms, but replicas ran {load:.1f} in flight, under "

@@ -46,6 +46,10 @@ CASES = {
         (CONFIG, seen(250, in_flight=2.0), VerticalState(8), 100, 8, "hold"),
     "low p99 at full load raises":
         (CONFIG, seen(250, in_flight=7.0), VerticalState(8), 100, 8.8, "raise"),
+    "low p99 with 0.8 queued per replica (under the stress line of 1) does not raise: no oscillation":
+        (CONFIG, seen(250, queue=0.8), VerticalState(8), 100, 8, "hold"),
+    "low p99 with 0.5 queued per replica raises":
+        (CONFIG, seen(250, queue=0.5), VerticalState(8), 100, 8.8, "raise"),
     "low p99 with a hot GPU does not raise (it cuts)":
         (CONFIG, seen(250, gpu=0.95), VerticalState(8), 100, 8 * 0.9 / 0.95, "cut"),
     "p99 at 0.9 × the SLO is in the dead band":

@@ -159,11 +159,14 @@ def test_a_watcher_that_is_gone_is_replaced_by_the_reconcile_loop(running, iris_
     cluster.apply(RevisionSpec("iris-r1", "iris", str(iris_dir), "pyfunc", replicas=1))
     [replica] = wait_for(ready(cluster, "iris-r1", 1), 120, "a ready replica")
     lost = supervisor.replicas[replica.replica_id]
+    old_pid = lost._process.pid
     lost._thread = threading.Thread(target=lambda: None)  # a watcher thread that has ended
     lost._thread.start()
     lost._thread.join()
     wait_for(lambda: supervisor.replicas.get(replica.replica_id) not in (None, lost), 30, "a new watcher")
     wait_for(ready(cluster, "iris-r1", 1), 120, "the replica ready again")
+    # the unwatched process was stopped, not left running beside the new one
+    assert not psutil.pid_exists(old_pid) or psutil.Process(old_pid).status() == psutil.STATUS_ZOMBIE
 
 
 def test_a_status_write_through_a_locked_database_lands_once_the_lock_goes(sqlite_url, tmp_path, iris_dir):

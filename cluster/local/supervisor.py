@@ -309,8 +309,10 @@ class Supervisor:
             with Session(self._engine) as session, session.begin():
                 session.execute(delete(ReplicaRow).where(ReplicaRow.id == replica_id))
         for replica_id, managed in list(self.replicas.items()):
-            if not managed.watching:  # the thread is gone: its process may be too; start afresh
+            if not managed.watching:  # the thread is gone: its process may not be; stop it, start afresh
                 log.error("replica %s: its watcher ended; starting it again", replica_id)
+                if managed._process is not None and managed._process.poll() is None:
+                    kill_group(managed._process, self._config.stop_grace_s)  # else it runs on, unwatched
                 del self.replicas[replica_id]
                 to_start.append(replica_id)
         for replica_id in to_start:
