@@ -151,7 +151,12 @@ def rollback_job():
                          "autoscaler's heartbeats; evaluated every 30 s by endpoint_health_sensor.")
 def endpoint_health(context, control_plane: ControlPlaneResource, cluster: ClusterResource) -> AssetCheckResult:
     partition = context.partition_key
-    for inputs, report, revision in health_of_serving(control_plane, cluster):
+    try:
+        checked = health_of_serving(control_plane, cluster)
+    except Exception as exc:  # noqa: BLE001 - a check that cannot look fails as a check, never fails the deploy run
+        return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN,
+                                description=f"could not gather the endpoint's health: {type(exc).__name__}: {exc}")
+    for inputs, report, revision in checked:
         if revision.partition_key == partition:
             return AssetCheckResult(passed=report.passed, severity=AssetCheckSeverity.WARN,
                                     description=f"{inputs.endpoint}: {report.describe()}",
