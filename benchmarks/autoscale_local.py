@@ -328,8 +328,8 @@ def notes(timing: Timing, quick: bool) -> list[str]:
         "pyfunc only: the tiny LLM is left out (vLLM replicas take minutes to start on 2 cores)",
         f"scale-down lookback (scale_down_window_s) {timing.lookback_s:g} s instead of the default 300 s",
         f"scale_to_zero_grace_s {timing.grace_s:g} s instead of the default 300 s",
-        "the vertical interval stays 30 s: the controller does not read ControllerConfig.vertical_interval_s "
-        "(VerticalConfig's default applies), so the vertical scenario runs once, without repeats",
+        "the vertical interval is the default 30 s, as a user gets it, so the vertical scenario runs once, "
+        "without repeats",
         "ours and the anchor run at the same time on one router and supervisor; the router, the controller and "
         "the load clients share one Python process and the machine's 2 cores",
         "cold start = order (desired state written) to ready, of a revision that takes no traffic, measured just "
