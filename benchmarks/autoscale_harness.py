@@ -28,6 +28,7 @@ from typing import Callable, NamedTuple
 import httpx
 import uvicorn
 
+from benchmarks.polling import wait_for  # noqa: F401 - benchmarks.autoscale_local imports it from here
 from autoscale.controller.loop import Controller, ControllerConfig
 from autoscale.controller.sources import ReplicaMetrics, RouterLoad, read_plans, replica_counts
 from cluster.local.backend import LocalCluster
@@ -48,17 +49,6 @@ HARDWARE = "cpu/test"
 SERVICE_TIME_MS = 100.0  # a replica (one worker, max_batch_size 1) answers 10 rows per second
 BODY = {"dataframe_split": {"columns": ["x"], "data": [[1.0]]}}  # one row
 ONE_AT_A_TIME = {"max_batch_size": 1, "workers": 1}
-
-
-def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.2):
-    """Poll ``predicate`` until it returns something truthy (returned), or fail naming ``what``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 class WallClock:

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import settings
 from sqlalchemy import create_engine, text
 
+from benchmarks.polling import wait_for  # noqa: F401 - the tests import it from here
 from controlplane import db
 from serving.runtime.process import free_port  # noqa: F401 - the tests import it from here
 
@@ -25,19 +26,6 @@ settings.register_profile("modelplane", deadline=None)
 settings.load_profile("modelplane")
 
 POSTGRES_ADMIN_URL = os.environ.get("MODELPLANE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-
-
-def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.2):
-    """Poll ``predicate`` until it returns something truthy (returned), or fail naming ``what``."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 @pytest.fixture

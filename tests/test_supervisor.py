@@ -207,6 +207,15 @@ def test_a_status_write_through_a_locked_database_lands_once_the_lock_goes(sqlit
         engine.dispose()
 
 
+def two_ready_replicas(crashed: Supervisor, cluster: LocalCluster):
+    """Reconcile the supervisor that will crash by hand until both of iris-r1's replicas are ready."""
+    def reconciled_ready():
+        crashed.reconcile_once()
+        return ready(cluster, "iris-r1", 2)()
+
+    return wait_for(reconciled_ready, 120, "two ready replicas")
+
+
 def test_a_new_supervisor_adopts_the_healthy_replicas_of_one_that_crashed(supervise, iris_dir, database_url, tmp_path):
     from controlplane import db
 
@@ -215,11 +224,7 @@ def test_a_new_supervisor_adopts_the_healthy_replicas_of_one_that_crashed(superv
     cluster = LocalCluster(engine)
     cluster.apply(RevisionSpec("iris-r1", "iris", str(iris_dir), "pyfunc", replicas=2))
 
-    def reconciled_ready():
-        crashed.reconcile_once()
-        return ready(cluster, "iris-r1", 2)()
-
-    before = {r.replica_id: r for r in wait_for(reconciled_ready, 120, "two ready replicas")}
+    before = {r.replica_id: r for r in two_ready_replicas(crashed, cluster)}
     pids = {rid: m._process.pid for rid, m in crashed.replicas.items()}
     for managed in crashed.replicas.values():  # the supervisor dies; its replica processes do not
         managed._stop.set()
@@ -267,11 +272,7 @@ def test_a_new_supervisor_adopts_the_replica_a_victim_left_behind_without_renami
     cluster = LocalCluster(engine)
     cluster.apply(RevisionSpec("iris-r1", "iris", str(iris_dir), "pyfunc", replicas=2))
 
-    def reconciled_ready():
-        crashed.reconcile_once()
-        return ready(cluster, "iris-r1", 2)()
-
-    wait_for(reconciled_ready, 120, "two ready replicas")
+    two_ready_replicas(crashed, cluster)
     cluster.scale("iris-r1", 1, victims=["iris-r1-0"])
     crashed.reconcile_once()  # stops the victim, and waits for it
     assert [r.replica_id for r in cluster.replicas("iris-r1")] == ["iris-r1-1"]

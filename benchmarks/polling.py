@@ -1,0 +1,17 @@
+"""Waiting for something to become true: shared by the benchmarks' harnesses and the tests."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.2):
+    """Poll ``predicate`` until it returns something truthy (returned), or fail naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
