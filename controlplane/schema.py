@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -67,13 +67,18 @@ class RevisionRow(Base):
 
 
 class TrafficRow(Base):
-    """Which revision of an endpoint takes its traffic."""
+    """Which revision of an endpoint takes its traffic; optionally a canary taking a share of it,
+    and a shadow revision that gets a copy of a share of it (its answers are logged, never returned)."""
 
     __tablename__ = "traffic"
 
     endpoint: Mapped[str] = mapped_column(String(63), primary_key=True)
     revision_id: Mapped[str] = mapped_column(String(96))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    canary_revision_id: Mapped[str | None] = mapped_column(String(96), nullable=True)
+    canary_percent: Mapped[float | None] = mapped_column(Float, nullable=True)  # 0–100 of requests
+    shadow_revision_id: Mapped[str | None] = mapped_column(String(96), nullable=True)
+    shadow_percent: Mapped[float | None] = mapped_column(Float, nullable=True)  # 0–100 of requests copied
 
 
 class ReplicaRow(Base):
@@ -169,3 +174,30 @@ class DemandMinuteRow(Base):
     endpoint: Mapped[str] = mapped_column(String(63), primary_key=True)
     minute: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     peak_in_flight: Mapped[float] = mapped_column(Float)
+
+
+class InferenceLogRow(Base):
+    """One sampled request through the router and its answer (``controlplane.inference_log``).
+
+    ``kind``: ``serve`` (the answer the caller got), ``canary`` (the same, from a split's canary
+    revision) or ``shadow`` (a shadow revision's answer to a copy of the request). Payloads are
+    cut at the router's size cap; either may be absent.
+    """
+
+    __tablename__ = "inference_log"
+    __table_args__ = (Index("ix_inference_log_endpoint_at", "endpoint", "at"),)
+
+    # SQLite only autoincrements an INTEGER PRIMARY KEY, not a BIGINT one.
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    endpoint: Mapped[str] = mapped_column(String(63))
+    revision_id: Mapped[str | None] = mapped_column(String(96), nullable=True)
+    kind: Mapped[str] = mapped_column(String(16))  # serve | canary | shadow
+    token_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    router_id: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    status: Mapped[int] = mapped_column(Integer)
+    latency_ms: Mapped[float] = mapped_column(Float)
+    request_bytes: Mapped[int] = mapped_column(Integer)
+    response_bytes: Mapped[int] = mapped_column(Integer)
+    request_payload: Mapped[str | None] = mapped_column(Text, nullable=True)
+    response_payload: Mapped[str | None] = mapped_column(Text, nullable=True)
