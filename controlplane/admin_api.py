@@ -1,4 +1,5 @@
-"""The admin API: health, the MLflow webhook receiver and read access to endpoint specs.
+"""The admin API: health, the MLflow webhook receiver, read access to endpoint specs, and
+each endpoint's canary and shadow traffic (``GET``/``PUT /endpoints/{name}/traffic``).
 
 Routes are thin: they read the request, call :class:`WebhookReceiver` or a store, and map
 the result (or a :class:`~controlplane.webhooks.WebhookRejected`) to a response. Run it with
@@ -12,6 +13,7 @@ token without the scope.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import Engine, text
 
+from controlplane.splits import Share, SplitError, SplitStore
 from controlplane.store import EndpointStore, WebhookInbox
 from controlplane.tokens import TokenStore
 from controlplane.webhooks import EVENTS, MAX_BODY_BYTES, WebhookRejected, verify
@@ -117,7 +120,40 @@ def create_app(engine: Engine, receiver: WebhookReceiver, max_body_bytes: int = 
             return _error(404, f"no endpoint named {name!r}; `modelplane endpoints list` shows what exists")
         return spec.model_dump(mode="json")
 
+    splits = SplitStore(engine)
+
+    @app.get("/endpoints/{name}/traffic", dependencies=[Depends(require_admin)])
+    def show_traffic(name: str):
+        current = splits.get(name)
+        if current is None:
+            return _error(404, f"endpoint {name!r} serves no revision (or does not exist)")
+        return current.to_json()
+
+    @app.put("/endpoints/{name}/traffic", dependencies=[Depends(require_admin)])
+    async def set_traffic(name: str, request: Request):
+        """Body: ``{"canary": {"revision": id, "percent": 10} | null, "shadow": {…} | null}``;
+        a missing key clears that split, as null does."""
+        try:
+            body = json.loads(await _read_body(request, 16 * 1024))
+            if not isinstance(body, dict) or set(body) - {"canary", "shadow"}:
+                raise ValueError("send a JSON object with 'canary' and/or 'shadow'")
+            shares = {key: _share(key, body.get(key)) for key in ("canary", "shadow")}
+            return splits.set(name, shares["canary"], shares["shadow"]).to_json()
+        except SplitError as exc:
+            return _error(exc.status, str(exc))
+        except ValueError as exc:
+            return _error(400, str(exc))
+
     return app
+
+
+def _share(key: str, value) -> Share | None:
+    if value is None:
+        return None
+    if not (isinstance(value, dict) and set(value) == {"revision", "percent"} and isinstance(value["revision"], str)
+            and isinstance(value["percent"], (int, float)) and not isinstance(value["percent"], bool)):
+        raise ValueError(f"{key} must be {{\"revision\": \"<revision id>\", \"percent\": <number>}} or null")
+    return Share(value["revision"], float(value["percent"]))
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""The ``modelplane`` command line: ``up``, ``demo``, ``endpoints …`` and ``db …``."""
+"""The ``modelplane`` command line: ``up``, ``demo``, ``endpoints …``, ``requests`` and ``db …``."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from controlplane.specs import SpecError, json_schema, load_spec
 for _name, _value in OFFLINE_ENV.items():  # before anything imports mlflow
     os.environ.setdefault(_name, _value)
 
+from controlplane.cli_router import endpoints_traffic, router_app  # noqa: E402 - after the imports above
+
 app = typer.Typer(help="modelplane: self-hosted model serving built from Dagster assets.", no_args_is_help=True)
 endpoints_app = typer.Typer(help="Endpoint specs: which registered model alias to serve, and how.", no_args_is_help=True)
 db_app = typer.Typer(help="The control-plane database schema.", no_args_is_help=True)
@@ -28,6 +30,8 @@ tokens_app = typer.Typer(help="Bearer tokens for the router and the admin API.",
 app.add_typer(endpoints_app, name="endpoints")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(db_app, name="db")
+app.add_typer(router_app, name="router")
+endpoints_app.command("traffic")(endpoints_traffic)
 console = Console(soft_wrap=True)
 errors = Console(stderr=True, soft_wrap=True)
 
@@ -111,13 +115,18 @@ def up(
     dagster_port: int = typer.Option(None, min=1, max=65535, help="Dagster UI port (default 3000, env MODELPLANE_DAGSTER_PORT)."),
     admin_port: int = typer.Option(None, min=1, max=65535, help="Admin API port (default 8100, env MODELPLANE_ADMIN_PORT)."),
     router_port: int = typer.Option(None, min=1, max=65535, help="Router port (default 8080, env MODELPLANE_ROUTER_PORT)."),
+    routers: int = typer.Option(None, min=1, max=64, help="Router processes sharing the router port, active-active "
+                                "(default 1, env MODELPLANE_ROUTERS)."),
 ) -> None:
     """Start MLflow, Dagster (webserver + daemon), the admin API, the replica supervisor and the
     router; Ctrl-C stops them all."""
     from controlplane.platform import Platform, PlatformError
 
     stop_on_signals()
-    platform = Platform(_settings(mlflow_port, dagster_port, admin_port, router_port),
+    settings = _settings(mlflow_port, dagster_port, admin_port, router_port)
+    if routers is not None:
+        settings = settings.model_copy(update={"routers": routers})
+    platform = Platform(settings,
                         log=lambda m: console.print(f"[dim]{m}[/dim]"), stop_requested=STOP_REQUESTED.is_set)
     try:
         platform.start()
@@ -267,6 +276,53 @@ def endpoints_delete(name: str) -> None:
 def endpoints_schema() -> None:
     """Print the JSON schema of endpoint specs (docs/endpoint-spec.schema.json)."""
     sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
+
+
+@app.command()
+def requests(
+    endpoint: str,
+    since: str = typer.Option("10m", "--since", help="How far back: 30s, 10m, 2h, 1d (a bare number: seconds)."),
+    limit: int = typer.Option(50, "--limit", min=1, help="Most records to print (not applied to --export)."),
+    kind: str = typer.Option(None, "--kind", help="Only serve, canary (a split's canary revision) or shadow "
+                             "(copies to a shadow revision)."),
+    export: Path = typer.Option(None, "--export", help="Write every matching record to this Parquet file instead."),
+) -> None:
+    """The router's sampled requests to an endpoint, newest first, or all of them exported to Parquet."""
+    from controlplane.inference_log import KINDS, InferenceLogStore, parse_since
+    from controlplane.store import utc_now
+
+    try:
+        window = parse_since(since)
+    except ValueError as exc:
+        _fail(str(exc), code=2)
+    if kind is not None and kind not in KINDS:
+        _fail(f"--kind must be one of {', '.join(KINDS)}, got {kind!r}", code=2)
+    settings = _settings()
+    specs = _stores(settings)
+    store, start = InferenceLogStore(db.make_engine(settings.database_url)), utc_now() - window
+    if export is not None:
+        count = store.export_parquet(endpoint, start, export, kind=kind)
+        console.print(f"wrote {count} record(s) of {endpoint} since {start:%Y-%m-%d %H:%M:%S} UTC to {export}")
+        return
+    records = store.recent(endpoint, start, limit=limit, kind=kind)
+    if not records:
+        try:
+            known = specs.get(endpoint) is not None
+        except SpecError:  # stored, though its spec no longer validates
+            known = True
+        if not known:
+            _fail(f"no endpoint named {endpoint!r} and no logged requests to it; "
+                  "`modelplane endpoints list` shows what exists")
+        console.print(f"no logged requests to {endpoint} in the last {since} (the router logs a sample of requests)")
+        return
+    table = Table()
+    for header in ("time (UTC)", "revision", "kind", "status", "ms", "req B", "resp B", "token"):
+        # Ids fold onto more lines in a narrow terminal; nothing is ever cut off.
+        table.add_column(header, no_wrap=header not in ("revision", "token"), overflow="fold")
+    for r in records:
+        table.add_row(f"{r.at:%Y-%m-%d %H:%M:%S}", r.revision_id or "-", r.kind, str(r.status),
+                      f"{r.latency_ms:.1f}", str(r.request_bytes), str(r.response_bytes), r.token_id or "-")
+    console.print(table)
 
 
 def _tokens():

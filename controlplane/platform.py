@@ -149,13 +149,7 @@ def build_services(settings: Settings) -> list[Service]:
             argv=[sys.executable, "-m", "cluster.local.supervisor"],
             healthy=_log_says(settings.logs_dir / "supervisor.log", "supervisor running"),
         ),
-        Service(
-            name="router",
-            argv=[sys.executable, "-m", "serving.router.app"],
-            healthy=_http_ok(f"{settings.router_url}/healthz"),
-            url=settings.router_url,
-            port=ports.router_port,
-        ),
+        *router_services(settings),
         Service(
             name="autoscaler",
             argv=[sys.executable, "-m", "autoscale.controller"],
@@ -175,6 +169,19 @@ def build_services(settings: Settings) -> list[Service]:
             healthy=_dagster_daemon_healthy(settings.dagster_url),
         ),
     ]
+
+
+def router_services(settings: Settings) -> list[Service]:
+    """``settings.routers`` router processes on the one router port (SO_REUSEPORT): the first
+    is checked through the port, each other by its log line "router listening"."""
+    services = [Service(name="router", argv=[sys.executable, "-m", "serving.router.app"],
+                        healthy=_http_ok(f"{settings.router_url}/healthz"), url=settings.router_url,
+                        port=settings.ports.router_port)]
+    for number in range(2, settings.routers + 1):
+        name = f"router-{number}"
+        services.append(Service(name=name, argv=[sys.executable, "-m", "serving.router.app"],
+                                healthy=_log_says(settings.logs_dir / f"{name}.log", "router listening")))
+    return services
 
 
 class Platform:

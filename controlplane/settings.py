@@ -45,6 +45,7 @@ class Settings(BaseModel):
     host: str = "127.0.0.1"
     mlflow_tracking_uri_override: str | None = None
     quantize_python: Path = REPO_ROOT / ".venv-quantize" / "bin" / "python"
+    routers: int = Field(1, ge=1, le=64, description="Router processes sharing the router port (SO_REUSEPORT).")
     amx: str = "auto"  # MODELPLANE_AMX: "auto" or "off" (serving/runtime/amx.py); replicas read it from the env
 
     @field_validator("amx")
@@ -76,6 +77,7 @@ class Settings(BaseModel):
             mlflow_tracking_uri_override=env.get("MLFLOW_TRACKING_URI"),
             quantize_python=Path(env.get("MODELPLANE_QUANTIZE_PYTHON", REPO_ROOT / ".venv-quantize" / "bin" / "python")),
             amx=env.get("MODELPLANE_AMX", "auto").strip().lower() or "auto",
+            routers=int(env.get("MODELPLANE_ROUTERS", 1)),
         )
 
     # -- derived paths -------------------------------------------------------------------

@@ -166,9 +166,99 @@ class Scaling(_Strict):
 
 
 class RateLimits(_Strict):
+    """Token buckets the router checks before a request is sent (docs/router.md "Admission").
+
+    Each limit refills at its rate and holds at most ``burst_s`` seconds of it (at least one
+    request or unit); a request beyond it is answered 429 with a Retry-After, in seconds, after
+    which it would be admitted."""
+
     requests_per_s: float | None = Field(None, gt=0, description="Per-endpoint request rate limit, requests per second.")
-    model_units_per_s: float | None = Field(None, gt=0, description="Per-endpoint cost rate limit, model units per second.")
+    model_units_per_s: float | None = Field(None, gt=0, description="Per-endpoint cost rate limit, model units per "
+                                            "second (one unit is one millisecond of replica time, docs/cost-model.md).")
     per_token_requests_per_s: float | None = Field(None, gt=0, description="Per bearer token, requests per second.")
+    per_token_model_units_per_s: float | None = Field(None, gt=0, description="Per bearer token, model units per "
+                                                      "second.")
+    burst_s: float = Field(1.0, gt=0, le=3600, description="Each bucket holds this many seconds of its rate: the "
+                           "largest burst admitted at once, seconds.")
+
+
+class Balancer(str, Enum):
+    """How the router picks a replica (``serving.router.balancing``)."""
+
+    p2c_units = "p2c_units"  # power of two choices on in-flight model units (requests without a cost model)
+    p2c_requests = "p2c_requests"
+    least_loaded = "least_loaded"  # fewest model units in flight, over every replica
+    round_robin = "round_robin"
+    random = "random"
+
+
+class StickyKey(str, Enum):
+    none = "none"
+    session = "session"  # the value of sticky.session_header
+    prefix = "prefix"  # the first sticky.prefix_chars characters of the prompt (or chat messages)
+
+
+class Sticky(_Strict):
+    """Keep a session or a prompt prefix on one replica (its caches stay warm), within a bound on its load."""
+
+    key: StickyKey = Field(StickyKey.none, description="What requests stick by: none, session or prefix.")
+    session_header: str = Field("X-Session-Id", pattern=r"^[A-Za-z0-9\-]{1,64}$",
+                                description="Header naming the session, with key: session.")
+    prefix_chars: int = Field(256, ge=1, le=65536, description="With key: prefix, characters of the prompt (chat: "
+                              "role and content of each message) that make the key.")
+    load_factor: float = Field(1.25, ge=1.0, le=10.0, description="A key's replica takes it only while its in-flight "
+                               "model units stay within load_factor × the mean; otherwise P2C among those within.")
+
+
+class OutlierEjection(_Strict):
+    """Envoy's outlier detection, with its defaults (docs/router.md "Outlier ejection")."""
+
+    consecutive_failures: int = Field(5, ge=1, le=1000, description="5xx answers or failed connects in a row that "
+                                      "eject a replica.")
+    interval_s: float = Field(10.0, gt=0, le=3600, description="Each interval a replica spends back in rotation "
+                              "takes one off its ejection count, seconds.")
+    base_ejection_s: float = Field(30.0, gt=0, le=86400, description="An ejection lasts this × the number of times "
+                                   "the replica was ejected, seconds.")
+    max_ejected_percent: float = Field(10.0, ge=0, le=100, description="Most of an endpoint's replicas ejected at "
+                                       "once, percent (at least one of two or more; never all).")
+    max_ejection_s: float = Field(300.0, gt=0, le=86400, description="No ejection lasts longer, seconds.")
+
+
+class Routing(_Strict):
+    balancer: Balancer = Field(Balancer.p2c_units, description="How a replica is picked.")
+    sticky: Sticky = Sticky()
+    max_concurrent_requests: int | None = Field(None, ge=1, le=1_000_000, description="Requests this endpoint runs at "
+                                                "once across its replicas, per router; more wait in a queue. None: "
+                                                "no limit.")
+    max_queued_requests: int = Field(64, ge=0, le=100_000, description="With max_concurrent_requests: requests "
+                                     "waiting per router; more are answered 429.")
+    max_queue_wait_s: float = Field(10.0, gt=0, le=600, description="Longest wait in that queue before a 503, seconds.")
+    outlier_ejection: OutlierEjection = OutlierEjection()
+
+
+class InferenceLog(_Strict):
+    """Sampled records of what the router served, in the control-plane database (``modelplane requests``)."""
+
+    sample_rate: float = Field(0.0, ge=0, le=1, description="Share of requests recorded (0: off, 1: every one).")
+    include_payloads: bool = Field(False, description="Record request and response bodies too, capped at "
+                                   "max_payload_bytes each.")
+    max_payload_bytes: int = Field(4096, ge=1, le=1 << 20, description="Longest body recorded, bytes (the rest is "
+                                   "cut and marked).")
+    retention_days: float = Field(7.0, gt=0, le=3650, description="Records older than this are deleted (by the "
+                                  "routers, every 10 minutes), days.")
+
+
+class Rollout(_Strict):
+    """How a new version replaces the serving one (``assets.canary``)."""
+
+    canary_percent: float = Field(0.0, ge=0, lt=100, description="Share of requests the new revision takes in a "
+                                  "canary phase before it takes all, percent; 0: no canary phase, switch at once.")
+    canary_duration_s: float = Field(300.0, gt=0, le=86400, description="Length of the canary phase, seconds.")
+    canary_max_error_increase: float = Field(0.01, ge=0, le=1, description="The canary fails when its share of "
+                                             "server errors exceeds the serving revision's by more than this "
+                                             "(absolute, 0.01 = one point).")
+    canary_max_p99_ratio: float = Field(1.2, ge=1, le=100, description="The canary fails when its p99 is over the "
+                                        "SLO's and over this × the serving revision's p99.")
 
 
 class ReplicaOptions(_Strict):
@@ -192,6 +282,9 @@ class EndpointSpec(_Strict):
     cost_model: CostModelSweep = CostModelSweep()
     scaling: Scaling = Scaling()
     rate_limits: RateLimits = RateLimits()
+    routing: Routing = Routing()
+    inference_log: InferenceLog = InferenceLog()
+    rollout: Rollout = Rollout()
     replica: ReplicaOptions = ReplicaOptions()
 
     @field_validator("model")

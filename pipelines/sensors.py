@@ -17,6 +17,7 @@ from dagster import (AssetKey, AssetRecordsFilter, DagsterInstance, DagsterRunSt
                      RunsFilter, SensorEvaluationContext, SensorResult, SkipReason, sensor)
 
 from assets.source_model import model_versions
+from controlplane.splits import SplitStore
 from controlplane.revisions import RevisionStore
 from pipelines.deploy_plan import (GATE_TAG, RUN_KEY_TAG, EndpointView, RunView, SensorCursor, artifact_sections,
                                    lookups_for_tick, plan_tick)
@@ -166,7 +167,7 @@ def revision_reaper_sensor(context: SensorEvaluationContext, control_plane: Cont
     live = {record.dagster_run.run_id for record in context.instance.get_run_records(RunsFilter(statuses=IN_FLIGHT))}
     owned = [Owned(r.id, r.state, r.details.get("run_id"), _aware(r.updated_at or r.created_at))
              for r in revisions.list(states=ACTIVE)]
-    retired = orphans(owned, set(revisions.traffic().values()), live, datetime.now(timezone.utc))
+    retired = orphans(owned, SplitStore(control_plane.engine()).routed(), live, datetime.now(timezone.utc))
     backend = cluster.client()
     for revision_id in retired:
         backend.delete(revision_id)

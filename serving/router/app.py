@@ -1,231 +1,47 @@
-"""The router's HTTP surface (Starlette) and its proxy to replicas (aiohttp).
+"""The router's HTTP surface (Starlette).
 
-Routes parse, call :mod:`serving.router.admission`, then :class:`Proxy`. The table of
-endpoints, replicas and tokens is refreshed in the background every
-``refresh_interval_s`` and swapped in whole; a request takes the table only once its body
-has been read, so a slow upload never lands on a replica retired meanwhile.
-
-A request moves to another replica only when it cannot have reached the first (the
-connection was refused or could not be made in time). Once it was sent, a replica that
-stops answering is a 504 and one that closes the connection a 502: a generation never
-runs twice.
+Routes parse, call :mod:`serving.router.admission` (who may call what, and what is sent),
+:mod:`serving.router.gatekeeper` (rate limits and the wait queue), then
+:class:`serving.router.proxy.Proxy`, and record what was served
+(:mod:`serving.router.recorder`). The table of endpoints, replicas, tokens and routing
+policies is refreshed in the background every ``refresh_interval_s`` and swapped in whole;
+a request takes the table only once its body has been read, so a slow upload never lands on
+a replica retired meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import socket
 import time
-from collections import defaultdict
 from collections.abc import Callable
-from datetime import datetime, timezone
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 
-import aiohttp
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from serving.router import admission
-from serving.router.admission import RouterError, Upstream
-from serving.router import cost
-from serving.router.balancing import p2c
-from serving.router.config import RouterConfig
 from serving.router.activator import Activator
+from serving.router.admission import RouterError
+from serving.router.balancing.keys import prefix_key, session_key
+from serving.router.config import RouterConfig
+from serving.router.gatekeeper import Gatekeeper
+from serving.router.inference_log import InferenceLogWriter, LogSink
 from serving.router.latency import LatencyWindow
+from serving.router.metrics import Metrics
+from serving.router.proxy import Exchange, Proxy
+from serving.router.recorder import Recorder
 from serving.router.signals import InFlightWindow
-from serving.router.table import RoutingTable
+from serving.router.table import EndpointRoute, RoutingTable
 
 log = logging.getLogger("modelplane.router")
-HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "server", "date"}
-
-
-class Metrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter("modelplane_router_requests", "Requests by endpoint and status code.",
-                                ["endpoint", "code"], registry=self.registry)
-        self.latency = Histogram("modelplane_router_request_latency_seconds", "Time to the last byte.", ["endpoint"],
-                                 registry=self.registry,
-                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
-        self.in_flight = Gauge("modelplane_router_in_flight", "Requests in flight per endpoint.", ["endpoint"],
-                               registry=self.registry)
-        self.retries = Counter("modelplane_router_retries", "Requests retried on another replica.", ["endpoint"],
-                               registry=self.registry)
-        self.in_flight_units = Gauge("modelplane_router_in_flight_model_units",
-                                     "Model units in flight per endpoint (1 per request without a cost model).",
-                                     ["endpoint"], registry=self.registry)
-        # Drift: whole answers (not streams) of endpoints with a cost model, observed against predicted.
-        self.cost_requests = Counter("modelplane_router_cost_checked_requests",
-                                     "Answers whose latency was compared with the cost model.", ["endpoint"],
-                                     registry=self.registry)
-        self.cost_observed = Counter("modelplane_router_cost_observed_seconds",
-                                     "Observed latency of those answers.", ["endpoint"], registry=self.registry)
-        self.cost_predicted = Counter("modelplane_router_cost_predicted_seconds",
-                                      "The cost model's latency for the same answers.", ["endpoint"],
-                                      registry=self.registry)
-
-
-class Proxy:
-    """Sends a request to a replica picked by P2C, retrying others on connect failure.
-
-    Every request taken to a replica and given back is also told to ``signals`` at
-    ``clock()`` (wall-clock seconds, see :mod:`serving.router.signals`)."""
-
-    def __init__(self, config: RouterConfig, metrics: Metrics, signals: InFlightWindow,
-                 clock: Callable[[], float] = time.time, rng: random.Random | None = None) -> None:
-        self.config = config
-        self.metrics = metrics
-        self.signals = signals
-        self._clock = clock
-        self.in_flight: dict[str, float] = defaultdict(float)  # model units per replica URL
-        self.mean_output: dict[str, float] = {}  # per endpoint: reported completion tokens, EWMA
-        self._rng = rng or random.Random()
-        self.session: aiohttp.ClientSession | None = None
-
-    async def start(self) -> None:
-        # No total deadline: it would cut a long LLM stream mid-body. A replica silent for
-        # request_timeout_s between two reads is what times out.
-        timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s,
-                                        sock_read=self.config.request_timeout_s)
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=self.config.keepalive_timeout_s)
-        self.session = aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False)
-
-    async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
-
-    async def send(self, upstream: Upstream) -> Response:
-        units = cost.request_units(upstream.payload, upstream.route.cost, self.mean_output.get(upstream.route.name))
-        self.metrics.in_flight_units.labels(upstream.route.name).inc(units)
-        try:
-            return await self._send(upstream, units)
-        finally:
-            self.metrics.in_flight_units.labels(upstream.route.name).dec(units)
-
-    async def _send(self, upstream: Upstream, units: float) -> Response:
-        tried: list[str] = []
-        last_error = ""
-        for attempt in range(self.config.max_attempts):
-            candidates = [url for url in upstream.route.replicas if url not in tried]
-            if not candidates:
-                break
-            url = p2c.pick(candidates, self.in_flight, self._rng)
-            tried.append(url)
-            if attempt:
-                self.metrics.retries.labels(upstream.route.name).inc()
-            self.in_flight[url] += units
-            self.signals.started(upstream.route.name, url, units, self._clock(), retry=attempt > 0)
-            sent = time.perf_counter()
-            try:
-                # identity: bodies are relayed as they come, so they must not come compressed
-                response = await self.session.post(f"{url}{upstream.path}", data=upstream.body,
-                                                   headers={"Content-Type": "application/json",
-                                                            "Accept-Encoding": "identity"})
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-                # No connection was made, so the replica never saw the request: safe to try another.
-                self._release(upstream.route.name, url, units)
-                last_error = f"{type(exc).__name__}: {exc}"
-                log.warning("replica %s could not be reached (%s); trying another", url, last_error)
-                continue
-            except BaseException as exc:
-                self._release(upstream.route.name, url, units)
-                raise self._after_sending(upstream, exc) from None
-            return await self._relay(url, response, upstream, units, sent)
-        raise RouterError(503, f"no replica of {upstream.route.name!r} could be reached ({last_error}); retry shortly",
-                          {"Retry-After": str(self.config.retry_after_s)})
-
-    def _after_sending(self, upstream: Upstream, exc: BaseException) -> BaseException:
-        """The error for a replica that failed once it may have received the request (never retried)."""
-        name = upstream.route.name
-        if isinstance(exc, asyncio.TimeoutError):
-            return RouterError(504, f"replica of {name!r} stopped answering for {self.config.request_timeout_s:.0f} s; "
-                                    "the request was not retried, as it may be running there")
-        if isinstance(exc, aiohttp.ClientConnectionError):
-            return RouterError(502, f"replica of {name!r} closed the connection before answering ({exc}); the "
-                                    "request was not retried, as it may have run there")
-        if isinstance(exc, aiohttp.ClientError):
-            return RouterError(502, f"replica of {name!r} answered badly: {exc}")
-        return exc
-
-    async def _read_bounded(self, response: aiohttp.ClientResponse, endpoint: str) -> bytes:
-        limit = self.config.max_response_bytes
-        declared = response.content_length
-        content = None if declared is not None and declared > limit else await _read_all(response, limit)
-        if content is None:
-            raise RouterError(502, f"replica of {endpoint!r} answered with a body larger than {limit} bytes; ask for "
-                                   "less (e.g. fewer rows or tokens) or stream the answer")
-        return content
-
-    def _release(self, endpoint: str, url: str, units: float) -> None:
-        self.in_flight[url] -= units
-        if self.in_flight[url] <= 1e-9:
-            del self.in_flight[url]
-        self.signals.ended(endpoint, url, units, self._clock())
-
-    def _observe(self, upstream: Upstream, status: int, content: bytes, latency_s: float) -> None:
-        """Learn the endpoint's mean output length and compare latency with the cost model.
-
-        Only endpoints with a cost model price requests, so only their answers are parsed."""
-        if upstream.route.cost is None or status != 200 or upstream.payload is None or len(content) > 1_000_000:
-            return
-        try:
-            completion_tokens = json.loads(content)["usage"]["completion_tokens"]
-        except (ValueError, KeyError, TypeError):
-            return
-        if not isinstance(completion_tokens, int):
-            return
-        name = upstream.route.name
-        self.mean_output[name] = cost.updated_mean(self.mean_output.get(name), completion_tokens)
-        predicted_ms = upstream.route.cost.latency_ms(cost.input_tokens(upstream.payload), completion_tokens)
-        self.metrics.cost_requests.labels(name).inc()
-        self.metrics.cost_observed.labels(name).inc(latency_s)
-        self.metrics.cost_predicted.labels(name).inc(predicted_ms / 1000)
-
-    async def _relay(self, url: str, response: aiohttp.ClientResponse, upstream: Upstream, units: float,
-                     sent: float) -> Response:
-        headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
-        if not response.content_type.startswith("text/event-stream"):
-            try:
-                content = await self._read_bounded(response, upstream.route.name)
-            except aiohttp.ClientError as exc:
-                raise RouterError(502, f"replica of {upstream.route.name!r} broke off its answer: {exc}") from None
-            except asyncio.TimeoutError:
-                raise RouterError(504, f"replica of {upstream.route.name!r} stopped answering for "
-                                       f"{self.config.request_timeout_s:.0f} s") from None
-            finally:
-                response.release()
-                self._release(upstream.route.name, url, units)
-            self._observe(upstream, response.status, content, time.perf_counter() - sent)
-            return Response(content, status_code=response.status, headers=headers)
-
-        async def chunks():
-            # A stream the replica cuts short ends here; the client sees the body end early.
-            try:
-                async for chunk in response.content.iter_any():
-                    yield chunk
-            finally:
-                response.release()
-                self._release(upstream.route.name, url, units)
-
-        return StreamingResponse(chunks(), status_code=response.status, headers=headers,
-                                 media_type=response.content_type)
-
-
-async def _read_all(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
-    """The whole body, or None as soon as it grows past ``limit`` bytes."""
-    chunks, size = [], 0
-    async for chunk in response.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def error_response(exc: RouterError) -> JSONResponse:
@@ -235,7 +51,7 @@ def error_response(exc: RouterError) -> JSONResponse:
 
 def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
                report: Callable[[datetime], None] | None = None, router_id: str | None = None,
-               clock: Callable[[], float] = time.time) -> Starlette:
+               clock: Callable[[], float] = time.time, log_sink: LogSink | None = None) -> Starlette:
     """The router app; ``load_table`` is called off the event loop every refresh interval.
 
     ``report`` (off the event loop too) is told, after each refresh, when the read of the
@@ -245,14 +61,20 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
     ``router_id`` names this router in ``/internal/in-flight`` (default ``host:port``);
     ``clock`` gives the wall-clock seconds its buckets are keyed by: wall time, not
     monotonic, so that the buckets of several routers line up (:mod:`serving.router.signals`).
+    ``log_sink`` receives the inference log's batches (none: nothing is recorded).
     """
     metrics = Metrics()
-    signals = InFlightWindow(router_id or f"{socket.gethostname()}:{config.port}")
+    identity = router_id or f"{socket.gethostname()}:{config.port}"
+    signals = InFlightWindow(identity)
     latencies = LatencyWindow()
     activator = Activator(max_waiting=config.max_waiting_per_endpoint, factor=config.hold_cold_start_factor,
                           margin_s=config.hold_margin_s, low_s=config.hold_min_s, high_s=config.hold_max_s,
                           poll_s=min(0.1, config.refresh_interval_s), retry_after_s=config.retry_after_s)
     proxy = Proxy(config, metrics, signals, clock)
+    gatekeeper = Gatekeeper()
+    writer = InferenceLogWriter(log_sink, max_buffer=config.log_buffer_records) if log_sink is not None else None
+    recorder = Recorder(writer, identity)
+    proxy.on_shadow = recorder.shadow
     limits = config.limits()
     # "read_at": when the read that produced the current table began; the table shows the
     # database as it was at that moment or later.
@@ -264,12 +86,29 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
         table = await asyncio.to_thread(load_table)
         if started > state["read_at"]:  # a slow read never replaces a newer one
             state["table"], state["read_at"] = table, started
-            signals.retain({name: route.replicas for name, route in table.endpoints.items()})
+            signals.retain({name: route.replicas + (route.canary.replicas if route.canary else ())
+                            for name, route in table.endpoints.items()})
+            for name, route in table.endpoints.items():
+                if name in proxy.detectors:
+                    proxy.detectors[name].forget_absent(route.replicas + (route.canary.replicas if route.canary else ()))
             if report is not None:
                 try:
                     await asyncio.to_thread(report, began_at)
                 except Exception:  # noqa: BLE001 - a missed report only makes a drain wait longer
                     log.exception("reporting the routing table's version failed")
+
+    async def prune_forever() -> None:
+        """Retention: every ``log_prune_interval_s``, delete each endpoint's records older than its
+        ``inference_log.retention_days`` (several routers doing it at once delete nothing twice)."""
+        while True:
+            await asyncio.sleep(config.log_prune_interval_s)
+            now = datetime.now(timezone.utc)
+            for name, route in list(state["table"].endpoints.items()):
+                try:
+                    await asyncio.to_thread(log_sink.prune, now - timedelta(days=route.policy.log_retention_days),
+                                            name)
+                except Exception:  # noqa: BLE001 - retention is retried at the next interval
+                    log.exception("pruning the inference log of %s failed", name)
 
     async def refresh_forever() -> None:
         while True:
@@ -306,8 +145,15 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
         await refresh()
         await proxy.start()
         refresher = asyncio.create_task(refresh_forever())
+        log_tasks = [asyncio.create_task(writer.run())] if writer is not None else []
+        if hasattr(log_sink, "prune"):
+            log_tasks.append(asyncio.create_task(prune_forever()))
         yield
         refresher.cancel()
+        if writer is not None:
+            await writer.close()
+        for task in log_tasks:
+            task.cancel()
         await proxy.close()
 
     async def read_body(request: Request) -> bytes:
@@ -323,30 +169,74 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
         return b"".join(chunks)
 
     async def handle(request: Request, endpoint_of: Callable, build: Callable) -> Response:
-        started = time.perf_counter()
-        endpoint, revision_id = "-", None
+        started, arrived = time.perf_counter(), datetime.now(timezone.utc)
+        endpoint, exchange = "-", Exchange()
         try:
             grant = await authenticate(request)
             body = await read_body(request)
             table = state["table"]  # after the upload: the replicas ready now, not when it began
             endpoint, payload = endpoint_of(request, body)
             route = admission.authorize(grant, endpoint, table, config.retry_after_s)
-            route = await activator.ready_route(route, lambda: state["table"].endpoints.get(endpoint))
-            revision_id = route.revision_id
             upstream = build(route, payload, body)
-            metrics.in_flight.labels(endpoint).inc()
+            units = proxy.units(upstream)
             try:
-                response = await proxy.send(upstream)
-            finally:
-                metrics.in_flight.labels(endpoint).dec()
+                gatekeeper.check_rates(route, grant, units)
+            except RouterError as exc:
+                metrics.limited.labels(endpoint, getattr(exc, "limit", "")).inc()
+                raise
+            route = await activator.ready_route(route, lambda: state["table"].endpoints.get(endpoint))
+            upstream = replace(upstream, route=route)
+            response = await send(request, route, upstream, units, grant.token_id, body, arrived, started, exchange)
         except RouterError as exc:
             response = error_response(exc)
         known = endpoint if endpoint in state["table"].endpoints else "-"
         metrics.requests.labels(known, str(response.status_code)).inc()
         metrics.latency.labels(known).observe(time.perf_counter() - started)
         if known != "-":
-            latencies.observe(known, 1000 * (time.perf_counter() - started), clock(), response.status_code, revision_id)
+            latencies.observe(known, 1000 * (time.perf_counter() - started), clock(), response.status_code,
+                              exchange.revision_id)
+            if exchange.revision_id is not None:
+                metrics.revision_requests.labels(known, exchange.revision_id, exchange.role,
+                                                 str(response.status_code)).inc()
         return response
+
+    async def send(request: Request, route: EndpointRoute, upstream, units: float, token_id: str, body: bytes,
+                   arrived: datetime, started: float, exchange: Exchange) -> Response:
+        """Wait for a slot (if the endpoint caps its concurrency), send, and release the slot and
+        write the log record once the answer is complete (for a stream, when it ends)."""
+        gate = gatekeeper.gate(route)
+        if gate is not None:
+            await gate.acquire()
+        record = recorder.on_done(route, token_id, body, arrived, started) if recorder.sampled(route) else None
+        exchange.keep_bytes = recorder.keep_bytes(route) if record is not None else 0
+        finished = False
+
+        def done(outcome: Exchange) -> None:
+            nonlocal finished
+            if finished:
+                return
+            finished = True
+            if gate is not None:
+                gate.release()
+            if record is not None:
+                record(outcome)
+
+        metrics.in_flight.labels(route.name).inc()
+        try:
+            return await proxy.send(upstream, units, sticky_key(request, route, upstream.payload), exchange, done)
+        except BaseException:
+            done(exchange)
+            raise
+        finally:
+            metrics.in_flight.labels(route.name).dec()
+
+    def sticky_key(request: Request, route: EndpointRoute, payload: dict | None) -> str | None:
+        policy = route.policy
+        if policy.sticky == "session":
+            return session_key(request.headers, policy.session_header)
+        if policy.sticky == "prefix" and payload is not None:
+            return prefix_key(payload, policy.prefix_chars)
+        return None
 
     async def invocations(request: Request) -> Response:
         return await handle(request, lambda r, body: (r.path_params["name"], None),
@@ -371,6 +261,12 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
         return JSONResponse({"status": "ok", "endpoints": len(state["table"].endpoints)})
 
     async def metrics_route(_request: Request) -> Response:
+        for name, gate in list(gatekeeper.gates.items()):
+            metrics.queued.labels(name).set(gate.waiting)
+        if writer is not None:
+            metrics.log_written.set(writer.written)
+            metrics.log_dropped.set(writer.dropped)
+            metrics.log_failed.set(writer.failed)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def in_flight(request: Request) -> Response:
@@ -393,7 +289,36 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
         for name, waiting in activator.waiting.items():
             snapshot["endpoints"].setdefault(name, {"in_flight_requests": 0, "in_flight_units": 0.0})[
                 "waiting_requests"] = waiting
+        for name, summary in proxy.shadow_latencies.summary(now_s).items():  # beside the serving revision's
+            snapshot["endpoints"].setdefault(name, {"in_flight_requests": 0, "in_flight_units": 0.0})[
+                "shadow"] = summary["revisions"]
         return JSONResponse(snapshot)
+
+    async def replicas(request: Request) -> Response:
+        """Each endpoint's ready replicas as this router sees them: work in flight, ejection."""
+        try:
+            admission.authorize_admin(await authenticate(request), "/internal/replicas")
+        except RouterError as exc:
+            return error_response(exc)
+        now = time.monotonic()
+        endpoints = {}
+        for name, route in sorted(state["table"].endpoints.items()):
+            status = {row["url"]: row for row in proxy.detector(route).status(now, route.replicas)}
+            splits = [(route.revision_id, route.replicas, "serve")]
+            splits += [(s.revision_id, s.replicas, role) for s, role in ((route.canary, "canary"),
+                                                                         (route.shadow, "shadow")) if s is not None]
+            endpoints[name] = {
+                "balancer": route.policy.balancer, "sticky": route.policy.sticky,
+                "canary": None if route.canary is None else {"revision": route.canary.revision_id,
+                                                             "percent": route.canary.percent},
+                "shadow": None if route.shadow is None else {"revision": route.shadow.revision_id,
+                                                             "percent": route.shadow.percent},
+                "replicas": [{"url": url, "revision": revision, "role": role,
+                              "in_flight_requests": proxy.in_flight_requests.get(url, 0),
+                              "in_flight_units": round(proxy.in_flight.get(url, 0.0), 3),
+                              **{k: v for k, v in status.get(url, {}).items() if k != "url"}}
+                             for revision, urls, role in splits for url in urls]}
+        return JSONResponse({"router": identity, "endpoints": endpoints})
 
     app = Starlette(
         routes=[
@@ -404,6 +329,7 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics_route, methods=["GET"]),
             Route("/internal/in-flight", in_flight, methods=["GET"]),
+            Route("/internal/replicas", replicas, methods=["GET"]),
         ],
         lifespan=lifespan,
     )
@@ -411,30 +337,55 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
     app.state.signals = signals
     app.state.activator = activator
     app.state.routing = state
+    app.state.gatekeeper = gatekeeper
+    app.state.log_writer = writer
     return app
 
 
+def listening_sockets(host: str, port: int) -> tuple[socket.socket, socket.socket]:
+    """(the shared client port, this process's own port).
+
+    The client port is bound with SO_REUSEPORT, so ``modelplane up --routers N`` runs N router
+    processes on one port and the kernel spreads connections over them; they share no
+    per-request state. Each also listens on a port of its own, which it reports to the control
+    plane: the autoscaler must read every router's ``/internal/in-flight``, not whichever the
+    kernel hands it.
+    """
+    shared = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    shared.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    shared.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    shared.bind((host, port))
+    own = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    own.bind((host, 0))
+    return shared, own
+
+
 def main() -> None:
+    import os
+
     import uvicorn
 
-    import os
-    import socket
-
+    from cluster.hardware import detect_local
     from controlplane.db import make_engine
+    from controlplane.inference_log import InferenceLogStore
     from controlplane.routers import RouterStore
     from controlplane.settings import Settings
-    from cluster.hardware import detect_local
     from serving.router.table import load_table
 
     settings = Settings.from_env()
     config = RouterConfig(host=settings.host, port=settings.ports.router_port)
     engine = make_engine(settings.database_url)
     hardware = detect_local().key  # the local backend's replicas run on this machine
+    shared, own = listening_sockets(config.host, config.port)
+    own_url = f"http://{config.host}:{own.getsockname()[1]}"
     routers, router_id = RouterStore(engine), f"{socket.gethostname()}:{config.port}:{os.getpid()}"
+    app = create_app(config, lambda: load_table(engine, hardware), router_id=router_id,
+                     report=lambda read_at: routers.report(router_id, read_at, own_url),
+                     log_sink=InferenceLogStore(engine))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", loop="uvloop", http="httptools"))
+    print(f"router listening on {config.host}:{config.port} (own port {own_url})", flush=True)
     try:
-        uvicorn.run(create_app(config, lambda: load_table(engine, hardware), router_id=router_id,
-                               report=lambda read_at: routers.report(router_id, read_at, f"http://{config.host}:{config.port}")),
-                    host=config.host, port=config.port, log_level="warning", loop="uvloop", http="httptools")
+        server.run(sockets=[shared, own])
     finally:
         routers.forget(router_id)
 

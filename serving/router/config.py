@@ -31,6 +31,12 @@ class RouterConfig(BaseModel):
     max_json_depth: int = Field(32, ge=2, le=512, description="Deepest nesting of a request body (400 above).")
     max_choices: int = Field(8, ge=1, description="Largest n and best_of of an LLM request.")
     max_logprobs: int = Field(20, ge=0, description="Largest logprobs, top_logprobs and prompt_logprobs.")
+    max_shadow_in_flight: int = Field(64, ge=0, description="Shadow copies in flight at once; more are not sent "
+                                      "(counted in modelplane_router_shadow_dropped).")
+    log_buffer_records: int = Field(10_000, ge=1, description="Inference-log records held for the database writer; "
+                                    "more are dropped and counted, never waited for.")
+    log_prune_interval_s: float = Field(600.0, gt=0, description="How often the inference log's old records are "
+                                        "deleted (each endpoint's inference_log.retention_days).")
     default_context_tokens: int = Field(32768, ge=1, description="Bound on max_tokens when the serving revision does "
                                                                  "not record its model's context length, tokens.")
 

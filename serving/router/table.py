@@ -6,6 +6,9 @@ whole, so a request always sees one consistent snapshot.
 
 from __future__ import annotations
 
+import functools
+import json
+import logging
 from dataclasses import dataclass, field
 
 from sqlalchemy import Engine, select
@@ -14,7 +17,12 @@ from sqlalchemy.orm import Session
 from controlplane.cost_profiles import CostProfileStore
 from controlplane.schema import EndpointRow, ReplicaRow, RevisionRow, TrafficRow
 from controlplane.tokens import Grant, TokenStore
+from controlplane.specs import EndpointSpec
 from serving.router.cost import RouteCost
+from serving.router.policy import DEFAULT_POLICY, RoutePolicy, from_spec
+from serving.router.traffic import Split
+
+log = logging.getLogger("modelplane.router")
 
 
 @dataclass(frozen=True)
@@ -27,6 +35,9 @@ class EndpointRoute:
     cost: RouteCost | None = None  # the serving revision's cost model on this hardware, if measured
     context_tokens: int | None = None  # LLMs: the serving model's context length (bounds max_tokens)
     cold_start_s: float | None = None  # the serving revision's measured time to ready (how long a request is held)
+    policy: RoutePolicy = DEFAULT_POLICY  # balancing, stickiness, limits, log sampling (from the spec)
+    canary: Split | None = None  # a revision taking a share of the requests
+    shadow: Split | None = None  # a revision receiving copies of a share of them
 
 
 @dataclass(frozen=True)
@@ -38,31 +49,67 @@ class RoutingTable:
 def build_table(endpoint_names: list[str], traffic: dict[str, str], revisions: dict[str, str],
                 ready: dict[str, list[str]], any_replicas: set[str], grants: dict[str, Grant],
                 costs: dict[str, RouteCost] | None = None, contexts: dict[str, int] | None = None,
-                cold_starts: dict[str, float] | None = None) -> RoutingTable:
+                cold_starts: dict[str, float] | None = None, policies: dict[str, RoutePolicy] | None = None,
+                splits: dict[str, tuple[str | None, float | None, str | None, float | None]] | None = None
+                ) -> RoutingTable:
     """Pure assembly of the snapshot from what the database holds.
 
     ``revisions`` maps revision id → runtime; ``ready`` revision id → ready replica URLs;
     ``any_replicas`` the revisions with at least one replica in any state; ``costs``
     revision id → its cost model on this router's hardware; ``contexts`` revision id → the
-    context length of the model it serves; ``cold_starts`` revision id → its measured cold start.
+    context length of the model it serves; ``cold_starts`` revision id → its measured cold start;
+    ``policies`` endpoint → its routing policy; ``splits`` endpoint → (canary revision, its
+    percent, shadow revision, its percent) as the ``traffic`` row holds them.
     """
     costs, contexts, cold_starts = costs or {}, contexts or {}, cold_starts or {}
+    policies, splits = policies or {}, splits or {}
+
+    def split(revision_id: str | None, percent: float | None) -> Split | None:
+        if not revision_id or not percent:
+            return None
+        return Split(revision_id, tuple(sorted(ready.get(revision_id, []))), float(percent), costs.get(revision_id))
+
     routes = {}
     for name in endpoint_names:
         revision_id = traffic.get(name)
         urls = tuple(sorted(ready.get(revision_id, []))) if revision_id else ()
+        canary_id, canary_percent, shadow_id, shadow_percent = splits.get(name, (None, None, None, None))
         routes[name] = EndpointRoute(name=name, runtime=revisions.get(revision_id), revision_id=revision_id,
                                      replicas=urls, starting=bool(revision_id) and not urls and revision_id in any_replicas,
                                      cost=costs.get(revision_id), context_tokens=contexts.get(revision_id),
-                                     cold_start_s=cold_starts.get(revision_id))
+                                     cold_start_s=cold_starts.get(revision_id),
+                                     policy=policies.get(name, DEFAULT_POLICY),
+                                     canary=split(canary_id, canary_percent) if revision_id else None,
+                                     shadow=split(shadow_id, shadow_percent) if revision_id else None)
     return RoutingTable(endpoints=routes, grants=grants)
+
+
+def policy_of(name: str, spec: dict) -> RoutePolicy:
+    """The routing policy of a stored spec; the defaults (and a log line) for one that no longer parses.
+
+    Parsed once per distinct spec text: the table is re-read twice a second."""
+    return _policy(name, json.dumps(spec, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=1024)
+def _policy(name: str, spec_json: str) -> RoutePolicy:
+    try:
+        return from_spec(EndpointSpec.model_validate_json(spec_json))
+    except ValueError as exc:
+        log.warning("endpoint %s: stored spec does not parse (%s); routing it with the defaults", name, exc)
+        return DEFAULT_POLICY
 
 
 def load_table(engine: Engine, hardware_profile: str | None = None) -> RoutingTable:
     """The snapshot, with each serving revision's cost model measured on ``hardware_profile``."""
     with Session(engine) as session:
-        names = list(session.scalars(select(EndpointRow.name)))
-        traffic = {row.endpoint: row.revision_id for row in session.scalars(select(TrafficRow))}
+        endpoint_rows = list(session.scalars(select(EndpointRow)))
+        names = [row.name for row in endpoint_rows]
+        policies = {row.name: policy_of(row.name, row.spec) for row in endpoint_rows}
+        traffic_rows = list(session.scalars(select(TrafficRow)))
+        traffic = {row.endpoint: row.revision_id for row in traffic_rows}
+        splits = {row.endpoint: (row.canary_revision_id, row.canary_percent, row.shadow_revision_id, row.shadow_percent)
+                  for row in traffic_rows}
         revision_rows = {row.id: row for row in session.scalars(select(RevisionRow))}
         revisions = {rid: row.runtime for rid, row in revision_rows.items()}
         contexts = {rid: int(row.details["context_tokens"]) for rid, row in revision_rows.items()
@@ -78,11 +125,11 @@ def load_table(engine: Engine, hardware_profile: str | None = None) -> RoutingTa
     costs: dict[str, RouteCost] = {}
     if hardware_profile is not None:
         profiles = CostProfileStore(engine).for_hardware(hardware_profile)
-        for revision_id in set(traffic.values()):
+        for revision_id in set(traffic.values()) | {rid for split in splits.values() for rid in split[::2] if rid}:
             row = revision_rows.get(revision_id)
             profile = profiles.get(row.partition_key) if row is not None else None
             cost = RouteCost.from_profile(profile.model) if profile is not None else None
             if cost is not None:
                 costs[revision_id] = cost
     return build_table(names, traffic, revisions, ready, any_replicas, TokenStore(engine).grants(), costs, contexts,
-                       cold_starts)
+                       cold_starts, policies, splits)

@@ -1,0 +1,82 @@
+"""Admission by load: an endpoint's rate limits and its bounded wait queue, per router.
+
+Rate limits (``rate_limits`` in the spec) are token buckets (:mod:`serving.router.ratelimit`),
+charged before the request waits or is sent: per endpoint in requests and in model units
+(the request's estimated replica milliseconds, :mod:`serving.router.cost`), per bearer token
+in requests and in model units. A refusal is a 429 whose ``Retry-After`` is the exact wait,
+rounded up to a whole second; a request costing more than a limit's burst is a 413.
+
+``routing.max_concurrent_requests`` caps what the endpoint runs at once through this
+router; the next ``max_queued_requests`` wait in order (429 beyond), each at most
+``max_queue_wait_s`` (503 after), :mod:`serving.router.queueing`.
+
+Limits are per router process: with N routers behind one address an endpoint admits up to
+N × its rate. (Dividing by N would need the routers to agree on N; docs/router.md says so.)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from controlplane.tokens import Grant
+from serving.router.policy import RateLimit
+from serving.router.queueing import ConcurrencyGate
+from serving.router.ratelimit import Charge, Limiter
+from serving.router.table import EndpointRoute
+
+
+def charges(route: EndpointRoute, grant: Grant, units: float) -> list[Charge]:
+    """The charges a request of ``units`` model units brings, one per limit the endpoint sets.
+
+    >>> from serving.router.policy import RoutePolicy
+    >>> route = EndpointRoute("gec", "vllm", "r1", (), policy=RoutePolicy(endpoint_requests=RateLimit(5, 5)))
+    >>> [(c.bucket_key, c.amount) for c in charges(route, Grant("t1", frozenset(), True), 70.0)]
+    [(('endpoint_requests', 'gec'), 1.0)]
+    """
+    policy, found = route.policy, []
+
+    def add(limit: RateLimit | None, scope: str, key: str, amount: float) -> None:
+        if limit is not None:
+            found.append(Charge((scope, key), limit.rate_per_s, limit.burst, amount))
+
+    add(policy.endpoint_requests, "endpoint_requests", route.name, 1.0)
+    add(policy.endpoint_units, "endpoint_units", route.name, units)
+    # A token's limits are per endpoint: a token allowed on two endpoints has a budget on each.
+    add(policy.token_requests, "token_requests", f"{grant.token_id}@{route.name}", 1.0)
+    add(policy.token_units, "token_units", f"{grant.token_id}@{route.name}", units)
+    return found
+
+
+class Gatekeeper:
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic
+        self.limiter = Limiter()
+        self.gates: dict[str, ConcurrencyGate] = {}
+
+    def check_rates(self, route: EndpointRoute, grant: Grant, units: float) -> str | None:
+        """Charge the request to its limits; raises the 429/413 :class:`RouterError`. Returns
+        nothing on admission; the refusing limit's name is on the error for metrics."""
+        if not route.policy.rate_limited:
+            return None
+        decision = self.limiter.admit(charges(route, grant, units), self._monotonic())
+        error = decision.error()
+        if error is not None:
+            error.limit = decision.limit
+            raise error
+        return None
+
+    def gate(self, route: EndpointRoute) -> ConcurrencyGate | None:
+        """The endpoint's wait queue, following its policy; None without a concurrency limit."""
+        policy = route.policy
+        if policy.max_concurrent_requests is None:
+            self.gates.pop(route.name, None)
+            return None
+        gate = self.gates.get(route.name)
+        if gate is None:
+            gate = self.gates[route.name] = ConcurrencyGate(policy.max_concurrent_requests,
+                                                            policy.max_queued_requests, policy.max_queue_wait_s,
+                                                            name=f"endpoint {route.name!r}")
+        else:
+            gate.update(policy.max_concurrent_requests, policy.max_queued_requests, policy.max_queue_wait_s)
+        return gate
