@@ -61,6 +61,38 @@ class Route:
 
 
 @dataclass(frozen=True)
+class CanaryPlan:
+    """The spec's ``rollout`` section, for a rollout that replaces a serving revision."""
+
+    percent: float
+    duration_s: float
+    slo_p99_ms: float
+    max_error_increase: float
+    max_p99_ratio: float
+
+
+@dataclass(frozen=True)
+class Canary:
+    """Result: a :class:`CanaryVerdict`. The new revision takes ``percent`` of the requests for
+    ``duration_s`` beside ``serving_revision_id`` (``assets.canary``)."""
+
+    endpoint: str
+    revision_id: str
+    serving_revision_id: str
+    percent: float
+    duration_s: float
+    slo_p99_ms: float
+    max_error_increase: float
+    max_p99_ratio: float
+
+
+@dataclass(frozen=True)
+class CanaryVerdict:
+    ok: bool
+    reason: str
+
+
+@dataclass(frozen=True)
 class Superseded:
     """Another rollout moved the endpoint to ``current`` since this one began."""
 
@@ -86,17 +118,31 @@ class RolloutResult:
     superseded: bool = False
 
 
-Action = Start | WaitReady | StillCurrent | Route | Drain | Retire
+Action = Start | WaitReady | StillCurrent | Canary | Route | Drain | Retire
 
 
-def rollout(endpoint: str, revision_id: str, replicas: int,
-            expected_previous: str | None = None) -> Generator[Action, object, RolloutResult]:
+def rollout(endpoint: str, revision_id: str, replicas: int, expected_previous: str | None = None,
+            canary: CanaryPlan | None = None) -> Generator[Action, object, RolloutResult]:
+    """With ``canary`` and a revision serving already, the new one first takes a share of the
+    traffic (:class:`Canary`); a failed canary retires it and the endpoint stays where it was."""
     yield Start(revision_id, replicas)
     ready = yield WaitReady(revision_id, replicas)
     if not ready:
         yield Retire(revision_id)
         return RolloutResult(ok=False, revision_id=revision_id, reason="the new revision never became ready; "
                                                                        "the endpoint keeps its current revision")
+    if canary is not None and expected_previous is not None:
+        if not (yield StillCurrent(endpoint)):
+            yield Retire(revision_id)
+            return RolloutResult(ok=False, revision_id=revision_id, superseded=True,
+                                 reason="the alias moved to another version during the rollout; traffic stays where "
+                                        "it is")
+        verdict = yield Canary(endpoint, revision_id, expected_previous, canary.percent, canary.duration_s,
+                               canary.slo_p99_ms, canary.max_error_increase, canary.max_p99_ratio)
+        if not verdict.ok:
+            yield Retire(revision_id)
+            return RolloutResult(ok=False, revision_id=revision_id, reason=f"the canary failed: {verdict.reason}; "
+                                                                           "the endpoint keeps its current revision")
     if not (yield StillCurrent(endpoint)):
         yield Retire(revision_id)
         return RolloutResult(ok=False, revision_id=revision_id, superseded=True,

@@ -26,12 +26,16 @@ from dagster import AssetExecutionContext, Failure, MetadataValue, Output, asset
 
 from assets.gate_verdict import serving_checkpoint
 from assets.serving_specs import serving_specs
-from assets.rollout import Drain, Retire, RolloutResult, Route, Start, StillCurrent, Superseded, WaitReady, rollout
+from assets.canary import CanaryPhase
+from assets.rollout import (Canary, CanaryPlan, CanaryVerdict, Drain, Retire, RolloutResult, Route, Start, StillCurrent,
+                            Superseded, WaitReady, rollout)
 from assets.source_model import DEPLOY_RETRIES, model_versions
 from cluster.capacity import Capacity, CapacityError, check_min_replicas, model_bytes, replica_memory_bytes
 from cluster.protocol import Cluster, RevisionSpec
+from autoscale.controller.sources import router_loads
 from controlplane.revisions import RevisionStore, TrafficChanged
 from controlplane.routers import RouterStore
+from controlplane.splits import SplitStore
 from controlplane.specs import Runtime
 from pipelines.registry import parse_partition_key
 from pipelines.resources import ClusterResource, ControlPlaneResource, RegistryResource
@@ -63,6 +67,8 @@ class RolloutDriver:
     # e.g. a cost sweep, whose revision no endpoint routes to).
     routers: RouterStore | None = None
     routers_timeout_s: float = 30.0
+    # Runs a canary phase (assets.canary.CanaryPhase); None: a Canary action is refused.
+    canary: Callable[[Canary], CanaryVerdict] | None = None
     _routed_at: datetime | None = None
 
     def run(self, flow: Generator) -> RolloutResult:
@@ -86,6 +92,10 @@ class RolloutDriver:
             return self.wait_ready(action)
         if isinstance(action, StillCurrent):
             return self.still_current(action.endpoint)
+        if isinstance(action, Canary):
+            if self.canary is None:
+                return CanaryVerdict(False, "this driver cannot run a canary phase")
+            return self.canary(action)
         if isinstance(action, Route):
             try:
                 previous = self.revisions.route(action.endpoint, action.revision_id, action.expected_previous)
@@ -162,12 +172,20 @@ class RolloutDriver:
         self.log(f"{revision_id}: still busy after {self.drain_timeout_s:.0f} s of draining; retiring it anyway")
 
 
+def canary_plan(spec) -> CanaryPlan | None:
+    """The spec's canary phase (None: switch at once)."""
+    if spec.rollout.canary_percent <= 0:
+        return None
+    return CanaryPlan(spec.rollout.canary_percent, spec.rollout.canary_duration_s, spec.slo.p99_latency_ms,
+                      spec.rollout.canary_max_error_increase, spec.rollout.canary_max_p99_ratio)
+
+
 def _roll_out(driver: RolloutDriver, revisions: RevisionStore, endpoint: str, revision_id: str, replicas: int,
-              current: str | None) -> RolloutResult:
+              current: str | None, canary: CanaryPlan | None = None) -> RolloutResult:
     """Drive one rollout; if the run is terminated (or anything raises) before the new revision
     took the traffic, retire it on the way out: no replica is left running for nothing."""
     try:
-        return driver.run(rollout(endpoint, revision_id, replicas, expected_previous=current))
+        return driver.run(rollout(endpoint, revision_id, replicas, expected_previous=current, canary=canary))
     except BaseException:
         if revisions.traffic().get(endpoint) != revision_id:
             driver.act(Retire(revision_id))
@@ -208,8 +226,10 @@ def served_endpoint(
                          f"; create a spec with model: models:/{model}@<alias>"), allow_retries=False)
     revisions = RevisionStore(control_plane.engine())
     aliases = {spec.name: spec.alias for spec in specs}
-    driver = RolloutDriver(cluster.client(), revisions, context.log.info, routers=RouterStore(control_plane.engine()),
-                           still_current=lambda endpoint: client.alias_version(model, aliases[endpoint]) == version)
+    engine = control_plane.engine()
+    driver = RolloutDriver(cluster.client(), revisions, context.log.info, routers=RouterStore(engine),
+                           still_current=lambda endpoint: client.alias_version(model, aliases[endpoint]) == version,
+                           canary=CanaryPhase(SplitStore(engine), lambda: router_loads(engine), context.log.info))
     checkpoint = serving_checkpoint(quantized_checkpoint)
     profile = cluster.hardware_profile()
     capacity = cluster.capacity()
@@ -240,7 +260,7 @@ def served_endpoint(
         revision = revisions.create(spec.name, context.partition_key, checkpoint.model_dir, runtime,
                                     spec.replica.model_dump(), replicas, details | {"max_replicas_that_fit": fit})
         started = time.monotonic()
-        result = _roll_out(driver, revisions, spec.name, revision.id, replicas, current)
+        result = _roll_out(driver, revisions, spec.name, revision.id, replicas, current, canary_plan(spec))
         if result.superseded:
             context.log.warning(f"{spec.name}: {result.reason}")
             continue

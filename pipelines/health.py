@@ -24,11 +24,10 @@ from assets.endpoint_health import HealthInputs, HealthReport, HealthThresholds,
 from assets.served_endpoint import RolloutDriver, _roll_out, served_endpoint
 from assets.source_model import model_versions
 from autoscale.controller.loop import EndpointLoad
-from autoscale.controller.sources import RouterLoad, replica_counts
+from autoscale.controller.sources import replica_counts, router_loads
 from controlplane.revisions import Revision, RevisionStore
 from controlplane.routers import RouterStore
 from controlplane.scaling import AUTOSCALER_LEASE, AUTOSCALER_LEASE_TTL_S, Lease
-from controlplane.tokens import TokenStore
 from pipelines.resources import ClusterResource, ControlPlaneResource
 
 HEALTH_INTERVAL_S = 30
@@ -43,16 +42,6 @@ def _aware(moment: datetime) -> datetime:
 
 def _age_s(moment: datetime | None, now: datetime) -> float | None:
     return None if moment is None else max(0.0, (now - _aware(moment)).total_seconds())
-
-
-def router_loads(engine: Engine) -> dict[str, EndpointLoad]:
-    """Every live router's last 30 s, summed, read with a token that lives for this call only."""
-    tokens = TokenStore(engine)
-    token_id, token = tokens.create([], admin=True, description="health sensor (one tick)")
-    try:
-        return dict(RouterLoad(RouterStore(engine), token, log=lambda _m: None).read())
-    finally:
-        tokens.revoke(token_id)
 
 
 def gather(engine: Engine, cluster, revision: Revision, slo_p99_ms: float, load: EndpointLoad,

@@ -195,3 +195,16 @@ def parse_gauges(text: str) -> dict[str, float]:
         if math.isfinite(value):
             values[name] = values.get(name, 0.0) + value
     return values
+
+
+def router_loads(engine) -> dict[str, EndpointLoad]:
+    """Every live router's last 30 s, summed, read with an admin token that lives for this call only
+    (the health sensor and a rollout's canary phase read it)."""
+    from controlplane.tokens import TokenStore
+
+    tokens = TokenStore(engine)
+    token_id, token = tokens.create([], admin=True, description="router load (one read)")
+    try:
+        return dict(RouterLoad(RouterStore(engine), token, log=lambda _m: None).read())
+    finally:
+        tokens.revoke(token_id)
