@@ -138,6 +138,7 @@ def test_a_failing_replica_is_ejected_and_returns_after_its_ejection_time(fleet)
         assert served_before == 3  # the third consecutive 500 ejected it
         fleet[0].behaviour = "ok"
         assert {chat(client).json()["replica"] for _ in range(10)} == {"gec-1"}  # still ejected
+        assert 'modelplane_router_ejected_replicas{endpoint="gec"} 1.0' in client.get("/metrics").text
         time.sleep(1.1)
         back = {chat(client).json()["replica"] for _ in range(40)}
         metrics = client.get("/metrics").text

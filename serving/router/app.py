@@ -263,6 +263,9 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
     async def metrics_route(_request: Request) -> Response:
         for name, gate in list(gatekeeper.gates.items()):
             metrics.queued.labels(name).set(gate.waiting)
+        now = time.monotonic()
+        for name, detector in list(proxy.detectors.items()):
+            metrics.ejected.labels(name).set(len(detector.ejected(now)))
         if writer is not None:
             metrics.log_written.set(writer.written)
             metrics.log_dropped.set(writer.dropped)

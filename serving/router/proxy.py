@@ -138,7 +138,6 @@ class Proxy:
                 log.warning("replica %s of %s ejected as an outlier", url, route.name)
         else:
             detector.success(url, now)
-        self.metrics.ejected.labels(route.name).set(len(detector.ejected(now)))
 
     # -- sending -----------------------------------------------------------------------------
 
