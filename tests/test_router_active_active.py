@@ -67,3 +67,47 @@ def test_two_routers_share_one_port_and_each_keeps_its_own(tmp_path):
         for server in servers:
             server.should_exit = True
         replica.stop()
+
+
+def test_router_replicas_shows_each_live_routers_view_with_ejections(sqlite_url, monkeypatch):
+    from dataclasses import replace
+    from datetime import datetime, timezone
+
+    from typer.testing import CliRunner
+
+    from controlplane import db
+    from controlplane.cli import app as cli
+    from controlplane.routers import RouterStore
+    from controlplane.tokens import TokenStore
+    from serving.router.outliers import EjectionConfig
+    from serving.router.policy import RoutePolicy
+
+    monkeypatch.setenv("MODELPLANE_DATABASE_URL", sqlite_url)
+    monkeypatch.setenv("COLUMNS", "250")
+    db.upgrade(sqlite_url)
+    engine = db.make_engine(sqlite_url)
+    good, bad = FakeReplica("gec-0").start(), FakeReplica("gec-1", behaviour="error").start()
+    policy = RoutePolicy(ejection=EjectionConfig(consecutive_failures=1, max_ejected_percent=50.0))
+    static = RoutingTable({"gec": EndpointRoute("gec", "vllm", "gec-r1", (good.url, bad.url), policy=policy)},
+                          {token_sha256(TOKEN): Grant("a", frozenset({"gec"}), False)})
+    shared, own = listening_sockets("127.0.0.1", free_port())
+    own_url = f"http://127.0.0.1:{own.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(create_app(
+        RouterConfig(), lambda: replace(static, grants={**static.grants, **TokenStore(engine).grants()}),
+        router_id="router-a"), log_level="warning"))
+    threading.Thread(target=server.run, kwargs={"sockets": [shared, own]}, daemon=True).start()
+    try:
+        wait_for(lambda: server.started, 20, "the router")
+        RouterStore(engine).report("router-a", datetime.now(timezone.utc), own_url)
+        body = {"model": "gec", "messages": [{"role": "user", "content": "she go"}]}
+        for _ in range(10):
+            httpx.post(f"{own_url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+        shown = CliRunner().invoke(cli, ["router", "replicas"])
+    finally:
+        server.should_exit = True
+        good.stop()
+        bad.stop()
+    assert shown.exit_code == 0, shown.output
+    rows = {line.split("│")[3].strip(): line for line in shown.output.splitlines() if "gec-r1" in line}
+    assert "yes, " in rows[bad.url] and "no" in rows[good.url].split("│")[-2]
+    assert [t["revoked"] for t in TokenStore(engine).list()] == [True]  # the command's own token, revoked
