@@ -12,8 +12,8 @@ A split whose revision has no ready replica takes nothing: its requests stay on 
 revision (a canary still loading never fails a request).
 
 >>> import random
->>> canary = Split("gec-v2", ("http://b",), 25.0)
->>> picks = [choose(("http://a",), "gec-v1", canary, random.Random(7))[2] for _ in range(1000)]
+>>> canary, rng = Split("gec-v2", ("http://b",), 25.0), random.Random(7)
+>>> picks = [choose(("http://a",), "gec-v1", canary, rng)[2] for _ in range(1000)]
 >>> 200 < picks.count("canary") < 300
 True
 """
