@@ -77,13 +77,13 @@ class CanaryPhase:
     monotonic: Callable[[], float] = time.monotonic
 
     def __call__(self, action: Canary) -> CanaryVerdict:
+        plan = action.plan
         current = self.splits.get(action.endpoint)
-        self.splits.set(action.endpoint, Share(action.revision_id, action.percent), current and current.shadow)
-        self.log(f"{action.endpoint}: canary {action.revision_id} takes {action.percent:g}% for "
-                 f"{action.duration_s:.0f} s")
+        self.splits.set(action.endpoint, Share(action.revision_id, plan.percent), current and current.shadow)
+        self.log(f"{action.endpoint}: canary {action.revision_id} takes {plan.percent:g}% for {plan.duration_s:.0f} s")
         canary, serving = Tally(), Tally()
         try:
-            end = self.monotonic() + action.duration_s
+            end = self.monotonic() + plan.duration_s
             while (left := end - self.monotonic()) > 0:
                 self.sleep(min(WINDOW_S, left))
                 load = self.read_load().get(action.endpoint)
@@ -95,6 +95,6 @@ class CanaryPhase:
             current = self.splits.get(action.endpoint)
             if current is not None:
                 self.splits.set(action.endpoint, None, current.shadow)
-        ok, reason = judge(canary, serving, action.slo_p99_ms, action.max_error_increase, action.max_p99_ratio)
+        ok, reason = judge(canary, serving, plan.slo_p99_ms, plan.max_error_increase, plan.max_p99_ratio)
         self.log(f"{action.endpoint}: canary {'passed' if ok else 'failed'}: {reason}")
         return CanaryVerdict(ok, reason)

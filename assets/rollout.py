@@ -73,17 +73,13 @@ class CanaryPlan:
 
 @dataclass(frozen=True)
 class Canary:
-    """Result: a :class:`CanaryVerdict`. The new revision takes ``percent`` of the requests for
-    ``duration_s`` beside ``serving_revision_id`` (``assets.canary``)."""
+    """Result: a :class:`CanaryVerdict`. The new revision takes ``plan.percent`` of the requests
+    for ``plan.duration_s`` beside ``serving_revision_id`` (``assets.canary``)."""
 
     endpoint: str
     revision_id: str
     serving_revision_id: str
-    percent: float
-    duration_s: float
-    slo_p99_ms: float
-    max_error_increase: float
-    max_p99_ratio: float
+    plan: CanaryPlan
 
 
 @dataclass(frozen=True)
@@ -137,8 +133,7 @@ def rollout(endpoint: str, revision_id: str, replicas: int, expected_previous: s
             return RolloutResult(ok=False, revision_id=revision_id, superseded=True,
                                  reason="the alias moved to another version during the rollout; traffic stays where "
                                         "it is")
-        verdict = yield Canary(endpoint, revision_id, expected_previous, canary.percent, canary.duration_s,
-                               canary.slo_p99_ms, canary.max_error_increase, canary.max_p99_ratio)
+        verdict = yield Canary(endpoint, revision_id, expected_previous, canary)
         if not verdict.ok:
             yield Retire(revision_id)
             return RolloutResult(ok=False, revision_id=revision_id, reason=f"the canary failed: {verdict.reason}; "

@@ -21,7 +21,7 @@ def test_a_passing_canary_comes_before_the_switch():
     answers = {WaitReady: True, StillCurrent: True, Canary: CanaryVerdict(True, "fine"), Route: "r1"}
     actions, result = drive(rollout("gec", "r2", 1, expected_previous="r1", canary=PLAN), answers)
     assert [type(a) for a in actions] == [Start, WaitReady, StillCurrent, Canary, StillCurrent, Route, Drain, Retire]
-    assert actions[3] == Canary("gec", "r2", "r1", 10.0, 90.0, 1000.0, 0.01, 1.2)
+    assert actions[3] == Canary("gec", "r2", "r1", PLAN)
     assert result.ok and actions[-1] == Retire("r1")
 
 
@@ -89,7 +89,7 @@ def test_the_phase_sets_the_split_reads_each_window_and_clears_it(migrated_engin
         return {"gec": Load({new: (300.0, 10, 2), old: (250.0, 90, 0)})}
 
     verdict = CanaryPhase(splits, read_load, log=lambda _m: None, sleep=clock.sleep, monotonic=lambda: clock.now)(
-        Canary("gec", new, old, 10.0, 75.0, 1000.0, 0.01, 1.2))
+        Canary("gec", new, old, CanaryPlan(10.0, 75.0, 1000.0, 0.01, 1.2)))
     assert clock.slept == [30.0, 30.0, 15.0]
     assert all(share.revision_id == new and share.percent == 10.0 for share in seen)
     assert not verdict.ok and "6 of 30" in verdict.reason

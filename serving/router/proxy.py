@@ -204,13 +204,16 @@ class Proxy:
         self.signals.started(endpoint, url, units, self._clock(), retry=attempt > 0)
 
     def _release(self, endpoint: str, url: str, units: float) -> None:
+        self._untake(url, units)
+        self.signals.ended(endpoint, url, units, self._clock())
+
+    def _untake(self, url: str, units: float) -> None:
         self.in_flight[url] -= units
         if self.in_flight[url] <= 1e-9:
             del self.in_flight[url]
         self.in_flight_requests[url] -= 1
         if self.in_flight_requests[url] <= 0:
             del self.in_flight_requests[url]
-        self.signals.ended(endpoint, url, units, self._clock())
 
     def _after_sending(self, upstream: Upstream, exc: BaseException) -> BaseException:
         """The error for a replica that failed once it may have received the request (never retried)."""
@@ -321,12 +324,7 @@ class Proxy:
             log.info("shadow copy to %s (%s) failed: %s", url, shadow.revision_id, exc)
             status = 502
         finally:
-            self.in_flight[url] -= units
-            if self.in_flight[url] <= 1e-9:
-                del self.in_flight[url]
-            self.in_flight_requests[url] -= 1
-            if self.in_flight_requests[url] <= 0:
-                del self.in_flight_requests[url]
+            self._untake(url, units)
         latency_ms = 1000 * (time.perf_counter() - started)
         self.shadow_latencies.observe(name, latency_ms, self._clock(), status, shadow.revision_id)
         self.metrics.revision_requests.labels(name, shadow.revision_id, "shadow", str(status)).inc()
