@@ -25,8 +25,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from assets.rollout import Canary, CanaryVerdict
+from controlplane.revisions import RevisionStore
+from controlplane.routers import RouterStore
 from controlplane.splits import Share, SplitStore
 
 WINDOW_S = 30.0  # the routers' latency window (serving.router.latency.LatencyWindow)
@@ -68,18 +71,25 @@ class CanaryPhase:
     """Runs a :class:`Canary` action: set the split, watch the windows, clear it, judge.
 
     ``read_load`` returns ``{endpoint: EndpointLoad}`` (``autoscale.controller.sources.router_loads``);
-    ``sleep`` and ``monotonic`` are injected so tests run the phase without waiting."""
+    ``sleep`` and ``monotonic`` are injected so tests run the phase without waiting. The
+    revision is marked ``canary_phase`` in its details while the phase runs: should the run die
+    in the middle, the reaper knows the split for what it is and retires the revision. After
+    the split is cleared, the phase waits (at most ``routers_timeout_s``) until every live
+    router has read a table without it, so a failed canary is drained before it is retired."""
 
     splits: SplitStore
     read_load: Callable[[], dict]
     log: Callable[[str], None]
+    revisions: RevisionStore | None = None
+    routers: RouterStore | None = None
+    routers_timeout_s: float = 30.0
     sleep: Callable[[float], None] = time.sleep
     monotonic: Callable[[], float] = time.monotonic
 
     def __call__(self, action: Canary) -> CanaryVerdict:
         plan = action.plan
-        current = self.splits.get(action.endpoint)
-        self.splits.set(action.endpoint, Share(action.revision_id, plan.percent), current and current.shadow)
+        self._mark(action.revision_id, True)
+        self.splits.set(action.endpoint, canary=Share(action.revision_id, plan.percent))
         self.log(f"{action.endpoint}: canary {action.revision_id} takes {plan.percent:g}% for {plan.duration_s:.0f} s")
         canary, serving = Tally(), Tally()
         try:
@@ -92,9 +102,21 @@ class CanaryPhase:
                 canary = canary.add(*load.by_revision.get(action.revision_id, (None, 0, 0)))
                 serving = serving.add(*load.by_revision.get(action.serving_revision_id, (None, 0, 0)))
         finally:
-            current = self.splits.get(action.endpoint)
-            if current is not None:
-                self.splits.set(action.endpoint, None, current.shadow)
+            cleared_at = datetime.now(timezone.utc)
+            self.splits.forget(action.revision_id)
+            self._mark(action.revision_id, False)
         ok, reason = judge(canary, serving, plan.slo_p99_ms, plan.max_error_increase, plan.max_p99_ratio)
         self.log(f"{action.endpoint}: canary {'passed' if ok else 'failed'}: {reason}")
+        self._wait_for_routers(cleared_at)
         return CanaryVerdict(ok, reason)
+
+    def _mark(self, revision_id: str, running: bool) -> None:
+        if self.revisions is not None:
+            self.revisions.add_details(revision_id, canary_phase=running)
+
+    def _wait_for_routers(self, since: datetime) -> None:
+        if self.routers is None:
+            return
+        deadline = self.monotonic() + self.routers_timeout_s
+        while self.routers.lagging(since) and self.monotonic() < deadline:
+            self.sleep(0.2)

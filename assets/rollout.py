@@ -135,6 +135,7 @@ def rollout(endpoint: str, revision_id: str, replicas: int, expected_previous: s
                                         "it is")
         verdict = yield Canary(endpoint, revision_id, expected_previous, canary)
         if not verdict.ok:
+            yield Drain(revision_id)  # what the canary took finishes where it started
             yield Retire(revision_id)
             return RolloutResult(ok=False, revision_id=revision_id, reason=f"the canary failed: {verdict.reason}; "
                                                                            "the endpoint keeps its current revision")

@@ -229,7 +229,8 @@ def served_endpoint(
     engine = control_plane.engine()
     driver = RolloutDriver(cluster.client(), revisions, context.log.info, routers=RouterStore(engine),
                            still_current=lambda endpoint: client.alias_version(model, aliases[endpoint]) == version,
-                           canary=CanaryPhase(SplitStore(engine), lambda: router_loads(engine), context.log.info))
+                           canary=CanaryPhase(SplitStore(engine), lambda: router_loads(engine), context.log.info,
+                                              revisions=revisions, routers=RouterStore(engine)))
     checkpoint = serving_checkpoint(quantized_checkpoint)
     profile = cluster.hardware_profile()
     capacity = cluster.capacity()

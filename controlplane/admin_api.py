@@ -132,13 +132,12 @@ def create_app(engine: Engine, receiver: WebhookReceiver, max_body_bytes: int = 
     @app.put("/endpoints/{name}/traffic", dependencies=[Depends(require_admin)])
     async def set_traffic(name: str, request: Request):
         """Body: ``{"canary": {"revision": id, "percent": 10} | null, "shadow": {…} | null}``;
-        a missing key clears that split, as null does."""
+        null clears that split, a missing key leaves it as it is."""
         try:
             body = json.loads(await _read_body(request, 16 * 1024))
-            if not isinstance(body, dict) or set(body) - {"canary", "shadow"}:
+            if not isinstance(body, dict) or not body or set(body) - {"canary", "shadow"}:
                 raise ValueError("send a JSON object with 'canary' and/or 'shadow'")
-            shares = {key: _share(key, body.get(key)) for key in ("canary", "shadow")}
-            return splits.set(name, shares["canary"], shares["shadow"]).to_json()
+            return splits.set(name, **{key: _share(key, value) for key, value in body.items()}).to_json()
         except SplitError as exc:
             return _error(exc.status, str(exc))
         except ValueError as exc:
@@ -153,7 +152,11 @@ def _share(key: str, value) -> Share | None:
     if not (isinstance(value, dict) and set(value) == {"revision", "percent"} and isinstance(value["revision"], str)
             and isinstance(value["percent"], (int, float)) and not isinstance(value["percent"], bool)):
         raise ValueError(f"{key} must be {{\"revision\": \"<revision id>\", \"percent\": <number>}} or null")
-    return Share(value["revision"], float(value["percent"]))
+    try:
+        percent = float(value["percent"])
+    except OverflowError:
+        raise ValueError(f"{key} percent is not a number from 0 to 100") from None
+    return Share(value["revision"], percent)
 
 
 def main() -> None:

@@ -43,11 +43,12 @@ def endpoints_traffic(
     """Show or set an endpoint's canary and shadow traffic (routers apply it within a second)."""
     store = SplitStore(db.make_engine(Settings.from_env().database_url))
     try:
-        if clear or canary or shadow:
-            current = store.get(name)
-            keep = (lambda share: None) if clear else (lambda share: share)
-            splits = store.set(name, parse_share("--canary", canary) if canary else keep(current and current.canary),
-                               parse_share("--shadow", shadow) if shadow else keep(current and current.shadow))
+        if clear:
+            splits = store.set(name, canary=None, shadow=None)
+        elif canary or shadow:
+            changes = {key: parse_share(f"--{key}", value) for key, value in (("canary", canary), ("shadow", shadow))
+                       if value}
+            splits = store.set(name, **changes)
         else:
             splits = store.get(name)
     except SplitError as exc:

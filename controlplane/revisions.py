@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from controlplane.schema import RevisionRow, TrafficRow
+from controlplane.splits import forget_in
 from controlplane.store import Clock, utc_now
 
 STATES = ("pending", "ready", "serving", "draining", "retired", "failed")
@@ -109,6 +110,8 @@ class RevisionStore:
                 raise KeyError(f"no revision {revision_id!r}")
             row.state = state
             row.updated_at = self._now()
+            if state in ("draining", "retired", "failed"):  # no canary or shadow goes on to it
+                forget_in(session, revision_id)
 
     def route(self, endpoint: str, revision_id: str, expected_previous=UNCHECKED) -> str | None:
         """Send all of ``endpoint``'s traffic to ``revision_id``; returns the revision it replaced.
@@ -127,6 +130,7 @@ class RevisionStore:
                     session.add(TrafficRow(endpoint=endpoint, revision_id=revision_id, updated_at=now))
                 else:
                     row.revision_id, row.updated_at = revision_id, now
+                forget_in(session, revision_id)  # a canary or shadow that now serves is one no longer
                 return previous
         try:
             with Session(self._engine) as session, session.begin():
@@ -138,6 +142,7 @@ class RevisionStore:
                                                                  TrafficRow.revision_id == expected_previous)
                                         .values(revision_id=revision_id, updated_at=now)).rowcount
                 if moved == 1:
+                    forget_in(session, revision_id)
                     return expected_previous
         except IntegrityError:
             pass

@@ -10,15 +10,25 @@ another, live revision of the same endpoint; anything else is refused with a mes
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
-from controlplane.schema import RevisionRow, TrafficRow
+from controlplane.schema import EndpointRow, RevisionRow, TrafficRow
 
 LIVE_STATES = ("pending", "ready", "serving")
+KEEP = object()  # SplitStore.set: leave this split as it is
+
+
+def forget_in(session: Session, revision_id: str) -> None:
+    """In ``session``'s transaction: clear the canary and shadow columns that name ``revision_id``."""
+    session.execute(update(TrafficRow).where(TrafficRow.canary_revision_id == revision_id)
+                    .values(canary_revision_id=None, canary_percent=None))
+    session.execute(update(TrafficRow).where(TrafficRow.shadow_revision_id == revision_id)
+                    .values(shadow_revision_id=None, shadow_percent=None))
 
 
 class SplitError(ValueError):
@@ -65,34 +75,51 @@ class SplitStore:
             row = session.get(TrafficRow, endpoint)
             return None if row is None else _splits(row)
 
-    def set(self, endpoint: str, canary: Share | None, shadow: Share | None) -> Splits:
-        """Replace the endpoint's canary and shadow (None clears one)."""
-        for name, share, top in (("canary", canary, 100.0), ("shadow", shadow, 100.0)):
-            if share is not None and not (0 < share.percent <= top and (name != "canary" or share.percent < 100)):
+    def set(self, endpoint: str, canary: Share | None | object = KEEP, shadow: Share | None | object = KEEP) -> Splits:
+        """Set the endpoint's canary and/or shadow: a :class:`Share`, None to clear it, or
+        :data:`KEEP` (the default) to leave it. One transaction, the row locked: a rollout's
+        canary and a person's shadow edit never undo each other."""
+        for name, share in (("canary", canary), ("shadow", shadow)):
+            if isinstance(share, Share) and not (math.isfinite(share.percent) and 0 < share.percent <= 100
+                                                 and (name != "canary" or share.percent < 100)):
                 raise SplitError(400, f"{name} percent must be above 0 and below 100 (canary) or at most 100 "
                                       f"(shadow), got {share.percent:g}; to move all traffic, roll the version out")
         with Session(self._engine) as session, session.begin():
-            row = session.get(TrafficRow, endpoint)
+            row = session.execute(select(TrafficRow).where(TrafficRow.endpoint == endpoint).with_for_update()).scalar()
             if row is None:
+                if session.get(EndpointRow, endpoint) is None:
+                    raise SplitError(404, f"no endpoint named {endpoint!r}; `modelplane endpoints list` shows them")
                 raise SplitError(409, f"endpoint {endpoint!r} serves no revision yet; a canary or shadow needs one "
                                       "serving beside it")
             for name, share in (("canary", canary), ("shadow", shadow)):
-                if share is None:
-                    continue
-                revision = session.get(RevisionRow, share.revision_id)
-                if revision is None or revision.endpoint != endpoint:
-                    raise SplitError(404, f"no revision {share.revision_id!r} of endpoint {endpoint!r}; "
-                                          f"`modelplane endpoints status {endpoint}` lists them")
-                if share.revision_id == row.revision_id:
-                    raise SplitError(400, f"{share.revision_id!r} already serves {endpoint!r}; a {name} must be "
-                                          "another revision")
-                if revision.state not in LIVE_STATES:
-                    raise SplitError(409, f"revision {share.revision_id!r} is {revision.state}; a {name} must be "
-                                          f"one of: {', '.join(LIVE_STATES)}")
-            row.canary_revision_id, row.canary_percent = (canary.revision_id, canary.percent) if canary else (None, None)
-            row.shadow_revision_id, row.shadow_percent = (shadow.revision_id, shadow.percent) if shadow else (None, None)
+                if isinstance(share, Share):
+                    self._check(session, endpoint, row, name, share)
+            if canary is not KEEP:
+                row.canary_revision_id, row.canary_percent = (canary.revision_id, canary.percent) if canary \
+                    else (None, None)
+            if shadow is not KEEP:
+                row.shadow_revision_id, row.shadow_percent = (shadow.revision_id, shadow.percent) if shadow \
+                    else (None, None)
             row.updated_at = datetime.now(timezone.utc)
             return _splits(row)
+
+    @staticmethod
+    def _check(session: Session, endpoint: str, row: TrafficRow, name: str, share: Share) -> None:
+        revision = session.get(RevisionRow, share.revision_id)
+        if revision is None or revision.endpoint != endpoint:
+            raise SplitError(404, f"no revision {share.revision_id!r} of endpoint {endpoint!r}; "
+                                  f"`modelplane endpoints status {endpoint}` lists them")
+        if share.revision_id == row.revision_id:
+            raise SplitError(400, f"{share.revision_id!r} already serves {endpoint!r}; a {name} must be another "
+                                  "revision")
+        if revision.state not in LIVE_STATES:
+            raise SplitError(409, f"revision {share.revision_id!r} is {revision.state}; a {name} must be one of: "
+                                  f"{', '.join(LIVE_STATES)}")
+
+    def forget(self, revision_id: str) -> None:
+        """Clear every split that names ``revision_id`` (it is retired, or serves now)."""
+        with Session(self._engine) as session, session.begin():
+            forget_in(session, revision_id)
 
     def routed(self) -> set[str]:
         """Every revision some endpoint routes to: serving, canary or shadow."""

@@ -167,9 +167,14 @@ def revision_reaper_sensor(context: SensorEvaluationContext, control_plane: Cont
     live = {record.dagster_run.run_id for record in context.instance.get_run_records(RunsFilter(statuses=IN_FLIGHT))}
     owned = [Owned(r.id, r.state, r.details.get("run_id"), _aware(r.updated_at or r.created_at))
              for r in revisions.list(states=ACTIVE)]
-    retired = orphans(owned, SplitStore(control_plane.engine()).routed(), live, datetime.now(timezone.utc))
+    splits = SplitStore(control_plane.engine())
+    # A canary whose rollout run died mid-phase is not routed to on purpose: its split goes too.
+    abandoned = {r.id for r in revisions.list(states=ACTIVE)
+                 if r.details.get("canary_phase") and r.details.get("run_id") not in live}
+    retired = orphans(owned, splits.routed() - abandoned, live, datetime.now(timezone.utc))
     backend = cluster.client()
     for revision_id in retired:
+        splits.forget(revision_id)
         backend.delete(revision_id)
         context.log.warning(f"{revision_id}: no endpoint routes to it and no live run owns it; retired")
     return SkipReason(f"retired {len(retired)} orphaned revision(s)" if retired else "no orphaned revisions")

@@ -28,8 +28,8 @@ def test_a_passing_canary_comes_before_the_switch():
 def test_a_failed_canary_retires_the_new_revision_and_traffic_never_moves():
     answers = {WaitReady: True, StillCurrent: True, Canary: CanaryVerdict(False, "5% errors")}
     actions, result = drive(rollout("gec", "r2", 1, expected_previous="r1", canary=PLAN), answers)
-    assert [type(a) for a in actions] == [Start, WaitReady, StillCurrent, Canary, Retire]
-    assert actions[-1] == Retire("r2")
+    assert [type(a) for a in actions] == [Start, WaitReady, StillCurrent, Canary, Drain, Retire]
+    assert actions[-2:] == [Drain("r2"), Retire("r2")]
     assert not result.ok and "5% errors" in result.reason
 
 

@@ -30,6 +30,7 @@ def test_the_reaper_sensor_retires_what_a_dead_run_left_and_spares_the_rest(migr
 
     from controlplane.revisions import RevisionStore
     from controlplane.schema import RevisionRow
+    from controlplane.splits import Share, SplitStore
     from pipelines.resources import ClusterResource, ControlPlaneResource
     from pipelines.sensors import revision_reaper_sensor
 
@@ -41,6 +42,11 @@ def test_the_reaper_sensor_retires_what_a_dead_run_left_and_spares_the_rest(migr
     revisions.route("gec", serving.id)
     left = revisions.create("gec", "gec.v2", "/m", "vllm", {}, 1, {"run_id": dead.run_id})
     rolling = revisions.create("gec", "gec.v3", "/m", "vllm", {}, 1, {"run_id": live.run_id})
+    # a canary whose rollout died mid-phase, and a revision a person mirrors traffic to
+    canary = revisions.create("gec", "gec.v4", "/m", "vllm", {}, 1, {"run_id": dead.run_id, "canary_phase": True})
+    mirrored = revisions.create("gec", "gec.v5", "/m", "vllm", {}, 1, {"run_id": dead.run_id})
+    splits = SplitStore(migrated_engine)
+    splits.set("gec", canary=Share(canary.id, 10.0), shadow=Share(mirrored.id, 20.0))
     with migrated_engine.begin() as connection:  # all three were last touched ten minutes ago
         connection.execute(update(RevisionRow).values(updated_at=datetime.now(timezone.utc) - timedelta(minutes=10)))
 
@@ -48,6 +54,8 @@ def test_the_reaper_sensor_retires_what_a_dead_run_left_and_spares_the_rest(migr
         "control_plane": ControlPlaneResource(database_url=database_url),
         "cluster": ClusterResource(database_url=database_url)})
     result = revision_reaper_sensor(context)
-    assert "retired 1" in result.skip_message
-    assert [revisions.get(r.id).state for r in (serving, left, rolling)] == ["pending", "retired", "pending"]
+    assert "retired 2" in result.skip_message
+    assert [revisions.get(r.id).state for r in (serving, left, rolling, canary, mirrored)] == \
+        ["pending", "retired", "pending", "retired", "pending"]
+    assert splits.get("gec").canary is None and splits.get("gec").shadow == Share(mirrored.id, 20.0)
     assert revisions.get(left.id).desired_replicas == 0

@@ -69,6 +69,8 @@ def test_a_per_token_limit_leaves_other_tokens_alone(fleet):
         assert chat(client).status_code == 200
         assert chat(client).status_code == 429
         assert chat(client, OTHER).status_code == 200
+        limited = client.get("/metrics").text
+    assert 'limit="per token: 0.01 requests/s"' in limited
 
 
 def test_a_request_costing_more_than_the_burst_is_413_not_429(fleet):
@@ -234,3 +236,13 @@ def test_every_balancer_in_the_spec_exists_in_the_router():
     from serving.router.balancing import BALANCERS
 
     assert {b.value for b in Balancer} == set(BALANCERS)
+
+
+def test_a_replica_that_times_out_or_drops_connections_is_ejected_too(fleet):
+    fleet[0].behaviour, fleet[1].behaviour = "stall", "close"
+    ejecting = route(fleet[:3], ejection=EjectionConfig(consecutive_failures=2, max_ejected_percent=100.0))
+    with router_for(ejecting, request_timeout_s=0.3, connect_timeout_s=0.3) as client:
+        statuses = [chat(client).status_code for _ in range(30)]
+        answered = {chat(client).json()["replica"] for _ in range(10)}
+    assert statuses.count(504) == 2 and statuses.count(502) == 2  # two each, then ejected
+    assert answered == {"gec-2"}

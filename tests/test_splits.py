@@ -31,12 +31,25 @@ def test_a_canary_and_a_shadow_are_set_shown_and_cleared(migrated_engine):
                               "shadow": {"revision": candidate, "percent": 50.0}}
     assert splits.get("gec") == set_
     assert splits.routed() == {serving, candidate}  # the reaper spares the candidate
-    splits.set("gec", None, None)
-    assert (splits.get("gec").canary, splits.get("gec").shadow) == (None, None)
+    splits.set("gec", canary=None)
+    assert (splits.get("gec").canary, splits.get("gec").shadow) == (None, Share(candidate, 50.0))
+    splits.set("gec", shadow=None)
+    assert splits.get("gec").shadow is None
+
+
+def test_a_revision_that_takes_the_traffic_or_retires_leaves_every_split(migrated_engine):
+    revisions, serving, candidate = serving_and_candidate(migrated_engine)
+    other = revisions.create("gec", "gec.v3", "/m/3", "vllm", {}, 1)
+    splits = SplitStore(migrated_engine)
+    splits.set("gec", Share(candidate, 10.0), Share(other.id, 50.0))
+    revisions.route("gec", candidate, expected_previous=serving)  # the canary was promoted
+    assert splits.get("gec").canary is None and splits.get("gec").shadow == Share(other.id, 50.0)
+    revisions.set_state(other.id, "retired")
+    assert splits.get("gec").shadow is None
 
 
 @pytest.mark.parametrize("endpoint, share, status, words", [
-    ("iris", "candidate", 409, "serves no revision yet"),
+    ("iris", "candidate", 404, "no endpoint named 'iris'"),
     ("gec", "nope", 404, "no revision 'nope' of endpoint 'gec'"),
     ("gec", "serving", 400, "already serves"),
     ("gec", "retired", 409, "is retired"),
@@ -94,7 +107,10 @@ def test_the_admin_api_sets_and_reads_the_splits(admin, migrated_engine):
                         headers=headers)
     assert answer.status_code == 200 and answer.json()["canary"] == {"revision": candidate, "percent": 10.0}
     assert client.get("/endpoints/gec/traffic", headers=headers).json()["serving"] == serving
-    assert client.put("/endpoints/gec/traffic", json={}, headers=headers).json()["canary"] is None
+    shadowed = client.put("/endpoints/gec/traffic", json={"shadow": {"revision": candidate, "percent": 5}},
+                          headers=headers).json()
+    assert shadowed["canary"]["percent"] == 10.0  # a missing key leaves it
+    assert client.put("/endpoints/gec/traffic", json={"canary": None}, headers=headers).json()["canary"] is None
 
 
 @pytest.mark.parametrize("body, status, words", [
@@ -103,6 +119,8 @@ def test_the_admin_api_sets_and_reads_the_splits(admin, migrated_engine):
     (b'{"canary": {"revision": "x", "percent": true}}', 400, "canary must be"),
     (b'{"weights": {}}', 400, "'canary' and/or 'shadow'"),
     (b'{"shadow": {"revision": "nope", "percent": 5}}', 404, "no revision 'nope'"),
+    (b'{"canary": {"revision": "x", "percent": 1' + b"0" * 400 + b'}}', 400, "not a number"),
+    (b"{}", 400, "'canary' and/or 'shadow'"),
 ])
 def test_the_admin_api_refuses_bad_splits_with_a_4xx(admin, migrated_engine, body, status, words):
     client, headers = admin

@@ -72,7 +72,7 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
                           margin_s=config.hold_margin_s, low_s=config.hold_min_s, high_s=config.hold_max_s,
                           poll_s=min(0.1, config.refresh_interval_s), retry_after_s=config.retry_after_s)
     proxy = Proxy(config, metrics, signals, clock)
-    gatekeeper = Gatekeeper()
+    gatekeeper = Gatekeeper(retry_after_s=config.retry_after_s)
     writer = InferenceLogWriter(log_sink, max_buffer=config.log_buffer_records) if log_sink is not None else None
     recorder = Recorder(writer, identity)
     proxy.on_shadow = recorder.shadow
@@ -100,10 +100,12 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
 
     async def prune_forever() -> None:
         """Retention: every ``log_prune_interval_s``, delete each endpoint's records older than its
-        ``inference_log.retention_days`` (several routers doing it at once delete nothing twice)."""
+        ``inference_log.retention_days``, the first time at start (several routers doing it at once
+        delete nothing twice). Records of an endpoint that no longer exists are left alone."""
+        first = True
         while True:
-            await asyncio.sleep(config.log_prune_interval_s)
-            now = datetime.now(timezone.utc)
+            await asyncio.sleep(0 if first else config.log_prune_interval_s)
+            first, now = False, datetime.now(timezone.utc)
             for name, route in list(state["table"].endpoints.items()):
                 try:
                     await asyncio.to_thread(log_sink.prune, now - timedelta(days=route.policy.log_retention_days),

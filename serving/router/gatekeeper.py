@@ -49,8 +49,9 @@ def charges(route: EndpointRoute, grant: Grant, units: float) -> list[Charge]:
 
 
 class Gatekeeper:
-    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic, retry_after_s: int = 1) -> None:
         self._monotonic = monotonic
+        self._retry_after_s = retry_after_s  # sent with the queue's 429 and 503
         self.limiter = Limiter()
         self.gates: dict[str, ConcurrencyGate] = {}
 
@@ -62,7 +63,10 @@ class Gatekeeper:
         decision = self.limiter.admit(charges(route, grant, units), self._monotonic())
         error = decision.error()
         if error is not None:
-            error.limit = decision.limit
+            # the metric's label: the endpoint's limit as it reads, a token's without the token
+            # (one series per token would grow without bound)
+            subject, _, rate = decision.limit.partition(": ")
+            error.limit = decision.limit if subject.startswith("endpoint ") else f"per token: {rate}"
             raise error
         return None
 
@@ -76,7 +80,8 @@ class Gatekeeper:
         if gate is None:
             gate = self.gates[route.name] = ConcurrencyGate(policy.max_concurrent_requests,
                                                             policy.max_queued_requests, policy.max_queue_wait_s,
-                                                            name=f"endpoint {route.name!r}")
+                                                            name=f"endpoint {route.name!r}",
+                                                            retry_after_s=self._retry_after_s)
         else:
             gate.update(policy.max_concurrent_requests, policy.max_queued_requests, policy.max_queue_wait_s)
         return gate

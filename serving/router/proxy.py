@@ -148,6 +148,8 @@ class Proxy:
         route, exchange = upstream.route, exchange or Exchange()
         revision_id, replicas, role = traffic.choose(route.replicas, route.revision_id, route.canary, self._rng)
         exchange.revision_id, exchange.role = revision_id, role
+        if role == "canary" and route.canary.cost is not None:  # priced on the revision that runs it
+            units = self.units(upstream, route.canary.cost)
         shadow = traffic.shadow_for(route.shadow, self._rng)
         if shadow is not None:
             self._start_shadow(upstream, shadow)
@@ -191,10 +193,12 @@ class Proxy:
                 continue
             except BaseException as exc:
                 self._release(route.name, url, units)
+                if not isinstance(exc, asyncio.CancelledError):  # a timeout or a reset counts against it
+                    self._outcome(route, replicas, url, failed=True)
                 raise self._after_sending(upstream, exc) from None
-            self._outcome(route, replicas, url, failed=response.status >= 500)
             exchange.status = response.status
-            return await self._relay(url, response, upstream, units, sent, exchange, on_done)
+            return await self._relay(url, response, upstream, units, sent, exchange, on_done,
+                                     lambda failed: self._outcome(route, replicas, url, failed))
         raise RouterError(503, f"no replica of {route.name!r} could be reached ({last_error}); retry shortly",
                           {"Retry-After": str(self.config.retry_after_s)})
 
@@ -257,25 +261,32 @@ class Proxy:
         self.metrics.cost_predicted.labels(name).inc(predicted_ms / 1000)
 
     async def _relay(self, url: str, response: aiohttp.ClientResponse, upstream: Upstream, units: float,
-                     sent: float, exchange: Exchange, on_done) -> Response:
+                     sent: float, exchange: Exchange, on_done, outcome: Callable[[bool], None]) -> Response:
+        """Relay the answer; ``outcome`` is told whether the replica failed (a 5xx, or an answer
+        broken off or timed out), once the whole answer is in (a stream: once it started)."""
         headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
         name = upstream.route.name
         if not response.content_type.startswith("text/event-stream"):
             try:
                 content = await self._read_bounded(response, name)
             except aiohttp.ClientError as exc:
+                outcome(True)
                 raise RouterError(502, f"replica of {name!r} broke off its answer: {exc}") from None
             except asyncio.TimeoutError:
+                outcome(True)
                 raise RouterError(504, f"replica of {name!r} stopped answering for "
                                        f"{self.config.request_timeout_s:.0f} s") from None
             finally:
                 response.release()
                 self._release(name, url, units)
+            outcome(response.status >= 500)
             self._observe(upstream, response.status, content, time.perf_counter() - sent)
             exchange.add(content)
             if on_done is not None:
                 on_done(exchange)
             return Response(content, status_code=response.status, headers=headers)
+
+        outcome(response.status >= 500)
 
         async def chunks():
             # A stream the replica cuts short ends here; the client sees the body end early.
