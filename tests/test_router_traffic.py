@@ -246,3 +246,33 @@ def test_a_replica_that_times_out_or_drops_connections_is_ejected_too(fleet):
         answered = {chat(client).json()["replica"] for _ in range(10)}
     assert statuses.count(504) == 2 and statuses.count(502) == 2  # two each, then ejected
     assert answered == {"gec-2"}
+
+
+def test_a_client_that_leaves_the_queue_gives_its_place_to_the_next(fleet):
+    from serving.router.app import acquire_unless_gone
+    from serving.router.queueing import ConcurrencyGate
+
+    class Leaving:  # a request whose client disconnects after 0.05 s
+        async def receive(self):
+            await asyncio.sleep(0.05)
+            return {"type": "http.disconnect"}
+
+    class Staying:
+        async def receive(self):
+            await asyncio.Event().wait()
+
+    async def scenario():
+        gate = ConcurrencyGate(1, 4, 5.0)
+        await gate.acquire()  # the one slot is taken
+        with pytest.raises(Exception) as left:
+            await acquire_unless_gone(gate, Leaving())
+        waiting_after_leaving = gate.waiting
+        staying = asyncio.create_task(acquire_unless_gone(gate, Staying()))
+        await asyncio.sleep(0.01)
+        gate.release()
+        await asyncio.wait_for(staying, 1.0)
+        return left.value, waiting_after_leaving, gate.running
+
+    left, waiting_after_leaving, running = asyncio.run(scenario())
+    assert getattr(left, "status", None) == 499
+    assert waiting_after_leaving == 0 and running == 1  # the next one got the slot

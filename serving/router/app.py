@@ -209,7 +209,7 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
         write the log record once the answer is complete (for a stream, when it ends)."""
         gate = gatekeeper.gate(route)
         if gate is not None:
-            await gate.acquire()
+            await acquire_unless_gone(gate, request)
         record = recorder.on_done(route, token_id, body, arrived, started) if recorder.sampled(route) else None
         exchange.keep_bytes = recorder.keep_bytes(route) if record is not None else 0
         finished = False
@@ -346,6 +346,26 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
     app.state.gatekeeper = gatekeeper
     app.state.log_writer = writer
     return app
+
+
+async def acquire_unless_gone(gate, request: Request) -> None:
+    """Wait for a slot of ``gate``, but not for a client that went away meanwhile: its place in
+    the queue goes to the next (Starlette does not cancel a handler whose client left)."""
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    acquiring, leaving = asyncio.ensure_future(gate.acquire()), asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({acquiring, leaving}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        leaving.cancel()
+        if not acquiring.done():
+            acquiring.cancel()
+            await asyncio.gather(acquiring, return_exceptions=True)  # let the gate see it leave
+    if acquiring.cancelled():
+        raise RouterError(499, "the client closed the connection while its request waited for a slot")
+    acquiring.result()  # a slot, or the queue's 429/503
 
 
 def settle_collector() -> None:
