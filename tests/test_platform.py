@@ -31,7 +31,7 @@ RUNS_QUERY = """query($tags: [ExecutionTag!]) { runsOrError(filter: {tags: $tags
 
 
 class RunningPlatform:
-    def __init__(self, home: Path, database_url: str | None = None) -> None:
+    def __init__(self, home: Path, database_url: str | None = None, *args: str) -> None:
         self.home = home
         self.ports = {"MODELPLANE_MLFLOW_PORT": free_port(), "MODELPLANE_DAGSTER_PORT": free_port(),
                       "MODELPLANE_ADMIN_PORT": free_port(), "MODELPLANE_ROUTER_PORT": free_port()}
@@ -43,7 +43,7 @@ class RunningPlatform:
         self.output = home / "up.out"
         home.mkdir(parents=True, exist_ok=True)
         with self.output.open("wb") as out:
-            self.process = subprocess.Popen([MODELPLANE, "up"], cwd=REPO, env=self.env, stdout=out,
+            self.process = subprocess.Popen([MODELPLANE, "up", *args], cwd=REPO, env=self.env, stdout=out,
                                             stderr=subprocess.STDOUT, start_new_session=True)
 
     def url(self, service: str) -> str:
@@ -330,8 +330,8 @@ def test_sigterm_while_starting_stops_what_had_started(tmp_path):
 
 
 def test_up_on_postgresql_deploys_and_serves(postgres_url, tmp_path):
-    """The control plane on PostgreSQL: the supervisor, the router, the sensors and a deploy run."""
-    running = RunningPlatform(tmp_path / "home", database_url=postgres_url)
+    """The control plane on PostgreSQL: the supervisor, two routers on one port, the sensors and a deploy run."""
+    running = RunningPlatform(tmp_path / "home", postgres_url, "--routers", "2")
     try:
         wait_for(lambda: "modelplane is up" in running.log() or running.process.poll() is not None, 300, "`up`")
         assert running.process.poll() is None, running.log()
@@ -342,6 +342,11 @@ def test_up_on_postgresql_deploys_and_serves(postgres_url, tmp_path):
         answer = httpx.post(f"{running.url('router')}/serving-endpoints/iris/invocations", json=IRIS_REQUEST,
                             headers={"Authorization": f"Bearer {token(running, 'iris')}"}, timeout=30)
         assert answer.status_code == 200, answer.text
+        assert "router-2 is up" in running.log()
+        running.env["COLUMNS"] = "250"  # rich wraps its table at the terminal's width
+        shown = running.cli("router", "replicas", "--endpoint", "iris")
+        assert shown.returncode == 0 and len({line.split()[1] for line in shown.stdout.splitlines()
+                                              if "iris-" in line}) == 2, shown.stdout  # both routers see it
     finally:
         running.process.send_signal(signal.SIGTERM)
         running.process.wait(timeout=90)

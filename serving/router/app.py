@@ -52,7 +52,8 @@ def error_response(exc: RouterError) -> JSONResponse:
 
 def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
                report: Callable[[datetime], None] | None = None, router_id: str | None = None,
-               clock: Callable[[], float] = time.time, log_sink: LogSink | None = None) -> Starlette:
+               clock: Callable[[], float] = time.time, log_sink: LogSink | None = None,
+               on_ready: Callable[[], None] | None = None) -> Starlette:
     """The router app; ``load_table`` is called off the event loop every refresh interval.
 
     ``report`` (off the event loop too) is told, after each refresh, when the read of the
@@ -62,7 +63,8 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
     ``router_id`` names this router in ``/internal/in-flight`` (default ``host:port``);
     ``clock`` gives the wall-clock seconds its buckets are keyed by: wall time, not
     monotonic, so that the buckets of several routers line up (:mod:`serving.router.signals`).
-    ``log_sink`` receives the inference log's batches (none: nothing is recorded).
+    ``log_sink`` receives the inference log's batches (none: nothing is recorded);
+    ``on_ready`` is called once the first table is read and the proxy is up.
     """
     metrics = Metrics()
     identity = router_id or f"{socket.gethostname()}:{config.port}"
@@ -148,6 +150,8 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
         await refresh()
         await proxy.start()
         refresher = asyncio.create_task(refresh_forever())
+        if on_ready is not None:
+            on_ready()
         log_tasks = [asyncio.create_task(writer.run())] if writer is not None else []
         if hasattr(log_sink, "prune"):
             log_tasks.append(asyncio.create_task(prune_forever()))
@@ -219,19 +223,21 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
             if finished:
                 return
             finished = True
+            metrics.in_flight.labels(route.name).dec()
+            metrics.in_flight_units.labels(route.name).dec(units)
             if gate is not None:
                 gate.release()
             if record is not None:
                 record(outcome)
 
+        # until the answer is complete: for a stream, its end, not its first byte
         metrics.in_flight.labels(route.name).inc()
+        metrics.in_flight_units.labels(route.name).inc(units)
         try:
             return await proxy.send(upstream, units, sticky_key(request, route, upstream.payload), exchange, done)
         except BaseException:
             done(exchange)
             raise
-        finally:
-            metrics.in_flight.labels(route.name).dec()
 
     def sticky_key(request: Request, route: EndpointRoute, payload: dict | None) -> str | None:
         policy = route.policy
@@ -417,10 +423,11 @@ def main() -> None:
     routers, router_id = RouterStore(engine), f"{socket.gethostname()}:{config.port}:{os.getpid()}"
     app = create_app(config, lambda: load_table(engine, hardware), router_id=router_id,
                      report=lambda read_at: routers.report(router_id, read_at, own_url),
-                     log_sink=InferenceLogStore(engine))
+                     log_sink=InferenceLogStore(engine),
+                     on_ready=lambda: print(f"router listening on {config.host}:{config.port} (own port {own_url})",
+                                            flush=True))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", loop="uvloop", http="httptools"))
     settle_collector()
-    print(f"router listening on {config.host}:{config.port} (own port {own_url})", flush=True)
     try:
         server.run(sockets=[shared, own])
     finally:

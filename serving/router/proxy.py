@@ -153,7 +153,6 @@ class Proxy:
         shadow = traffic.shadow_for(route.shadow, self._rng)
         if shadow is not None:
             self._start_shadow(upstream, shadow)
-        self.metrics.in_flight_units.labels(route.name).inc(units)
         try:
             return await self._send(upstream, replicas, units, key, exchange, on_done)
         except RouterError as exc:
@@ -161,8 +160,6 @@ class Proxy:
             if on_done is not None:
                 on_done(exchange)
             raise
-        finally:
-            self.metrics.in_flight_units.labels(route.name).dec(units)
 
     async def _send(self, upstream: Upstream, replicas: tuple[str, ...], units: float, key: str | None,
                     exchange: Exchange, on_done) -> Response:
