@@ -31,6 +31,15 @@ send to last byte, and each replica's share of the requests. Every run gets a fr
 p99 (medians over repeats of the within-repeat ratios). Headline ratio: round_robin p99 /
 p2c_units p99 at 90 %. Full: ≥ 2,000 measured requests per level and balancer, 3 repeats,
 about 12 minutes; ``--quick``: 500 requests, 1 repeat, under 3 minutes.
+
+**Two routers** (an extra comparison, not the headline; ``ours.two_routers``). Active-active
+routers share no in-flight counts, so each balances on half the picture. p2c_units at 90 %
+runs through two router processes sharing one client port (each bound by
+``serving.router.app.listening_sockets``: SO_REUSEPORT plus a port of its own) and, with the
+same requests and arrivals, through one router; the generator's keep-alive connections all
+go to the shared port and the kernel hands each to one router. Per side: p50 / p99, and the
+share of the requests each router took (``modelplane_router_requests_total`` from each
+router's ``/metrics``, read on its own port).
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import router_bench_replica as bench
+from benchmarks import router_loadgen as loadgen
 from benchmarks.machine import write_result
 from benchmarks.repeats import spread
 
@@ -60,6 +70,7 @@ GPU_COST = (0.15, 15.0, 30.0)  # α ms/input token, β ms/output token, γ ms, b
 SLOTS = 4
 REPLICAS, PROCESSES = 8, 2
 SLOWDOWN = 3.0
+TWO_ROUTERS_LOAD, ROUTER_COUNTS = 0.90, (1, 2)
 
 
 @dataclass(frozen=True)
@@ -178,6 +189,38 @@ def figures(runs: list[dict], support: dict) -> tuple[dict, dict, float, bool, s
     return ours, anchor, ratio, meets, "; ".join(reasons) or None
 
 
+def requests_total(metrics_text: str) -> float:
+    """The requests a router answered, summed over endpoints and codes, from its ``/metrics`` text.
+
+    >>> requests_total('modelplane_router_requests_total{code="200",endpoint="llm"} 1200.0\\n'
+    ...                'modelplane_router_requests_total{code="502",endpoint="llm"} 3.0\\n'
+    ...                'modelplane_router_requests_created{code="200",endpoint="llm"} 1.7e+09\\n')
+    1203.0
+    """
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines()
+               if line.startswith("modelplane_router_requests_total{"))
+
+
+def two_router_figures(runs: list[dict]) -> dict:
+    """p2c_units at 90 % through one router and through two sharing a port, min/median/max over repeats.
+
+    ``p99_two_over_one``: two routers' p99 over one router's, within each repeat.
+    ``busiest_router_share``: the largest share of the requests one router took (0.5 is an even split).
+    """
+    by_count = {n: sorted((r for r in runs if r["routers"] == n), key=lambda r: r["repeat"]) for n in ROUTER_COUNTS}
+    sides = {f"{n}_router{'s' if n > 1 else ''}": {
+        "p50_ms": spread([r["p50_ms"] for r in mine]), "p99_ms": spread([r["p99_ms"] for r in mine]),
+        "rate_rps": spread([r["rate_rps"] for r in mine]), "achieved_rps": spread([r["achieved_rps"] for r in mine]),
+        "errors": sum(r["errors"] + r.get("unanswered", 0) for r in mine),
+        "busiest_router_share": spread([max(r["router_shares"]) for r in mine]),
+        "busiest_replica_share": spread([max(r["replica_shares"]) for r in mine])}
+        for n, mine in by_count.items() if mine}
+    pairs = list(zip(by_count[1], by_count[2]))
+    if pairs:
+        sides["p99_two_over_one"] = spread([two["p99_ms"] / one["p99_ms"] for one, two in pairs])
+    return sides
+
+
 # ---- running it -----------------------------------------------------------------------------
 
 class Fleet:
@@ -209,28 +252,33 @@ class Fleet:
 
 
 def run_one(fleet: Fleet, log_dir: Path, balancer: str, tokens: list[tuple[int, int]], rate_rps: float,
-            settings: Settings, seed: int) -> dict:
-    """One balancer at one rate: a fresh router, open-loop load, per-replica shares."""
+            settings: Settings, seed: int, routers: int = 1) -> dict:
+    """One balancer at one rate: ``routers`` fresh routers sharing a client port, open-loop load,
+    per-replica shares and each router's share of the requests."""
     token, port = f"mp_bench_{secrets.token_urlsafe(24)}", bench.free_port()
-    router = bench.start("router", {"port": port, "endpoint": ENDPOINT, "runtime": "vllm", "token": token,
-                                    "replicas": fleet.urls, "cost": list(cost()), "balancer": balancer},
-                         log_dir / "router.log")
+    spec = {"port": port, "endpoint": ENDPOINT, "runtime": "vllm", "token": token, "replicas": fleet.urls,
+            "cost": list(cost()), "balancer": balancer}
+    started: list[tuple] = []
     try:
-        bench.wait_http(f"http://127.0.0.1:{port}/healthz", router)
+        for _ in range(routers):
+            started.append(bench.start_router(spec, log_dir))
         before = fleet.served()
-        result = bench.run_loadgen({"host": "127.0.0.1", "port": port, "path": "/v1/completions",
-                                    "headers": {"Authorization": f"Bearer {token}"},
-                                    "completions": {"model": ENDPOINT, "tokens": tokens}, "rate_rps": rate_rps,
-                                    "duration_s": settings.measured_requests / rate_rps, "warmup_s": settings.warmup_s,
-                                    "connections": 512, "seed": seed}, None)
+        result = loadgen.run_loadgen({"host": "127.0.0.1", "port": port, "path": "/v1/completions",
+                                      "headers": {"Authorization": f"Bearer {token}"},
+                                      "completions": {"model": ENDPOINT, "tokens": tokens}, "rate_rps": rate_rps,
+                                      "duration_s": settings.measured_requests / rate_rps,
+                                      "warmup_s": settings.warmup_s, "connections": 512, "seed": seed}, None)
         served = [after - b for after, b in zip(fleet.served(), before)]
+        handled = [requests_total(bench.get_text(f"http://127.0.0.1:{own}/metrics")) for _, own in started]
     finally:
-        bench.stop(router)
-    total = sum(served) or 1
+        for process, _ in started:
+            bench.stop(process)
+    total, answered = sum(served) or 1, sum(handled) or 1
     kept = ("rate_rps", "offered_rps", "achieved_rps", "sent", "errors", "unanswered", "p50_ms", "p99_ms", "max_ms",
             "lateness_p99_ms", "waited_for_connection")
     return {k: result[k] for k in kept} | {
-        "replica_shares": [round(s / total, 4) for s in served]}
+        "replica_shares": [round(s / total, 4) for s in served],
+        "router_shares": [round(h / answered, 4) for h in handled]}
 
 
 def run(settings: Settings, log_dir: Path, levels=LEVELS, balancers=BALANCERS, log=print) -> list[dict]:
@@ -255,6 +303,23 @@ def run(settings: Settings, log_dir: Path, levels=LEVELS, balancers=BALANCERS, l
     return runs
 
 
+def run_two_routers(settings: Settings, log_dir: Path, log=print) -> list[dict]:
+    """p2c_units at 90 % through one router and through two sharing its port, same requests and arrivals."""
+    trace, runs = read_trace(), []
+    for repeat in range(settings.repeats):
+        rng = random.Random(1000 + repeat)
+        with Fleet(log_dir, 0) as fleet:
+            tokens = [rng.choice(trace) for _ in range(int(settings.measured_requests * 1.5) + 2000)]
+            rate = TWO_ROUTERS_LOAD * capacity_rps(tokens)
+            for routers in (ROUTER_COUNTS if repeat % 2 == 0 else tuple(reversed(ROUTER_COUNTS))):
+                result = run_one(fleet, log_dir, "p2c_units", tokens, rate, settings, seed=1000 + repeat,
+                                 routers=routers)
+                runs.append({"repeat": repeat, "routers": routers, **result})
+                log(f"repeat {repeat + 1} two routers: p2c_units through {routers}: {rate:.0f} RPS p50 "
+                    f"{result['p50_ms']} ms p99 {result['p99_ms']} ms, router shares {result['router_shares']}")
+    return runs
+
+
 def notes(settings: Settings) -> list[str]:
     alpha, beta, gamma, slots = cost()
     return [
@@ -273,12 +338,22 @@ def notes(settings: Settings) -> list[str]:
         "cost=RouteCost(α, β, γ, 4), policy=RoutePolicy(balancer=name))",
         "the router parses every prompt (token-id lists of up to 14k ids, about 0.3 ms of its CPU per 1,000 ids) "
         "on the same 2 cores as everything else; latency includes that",
+        "routers are started as serving.router.app.main starts them: listening_sockets (SO_REUSEPORT client port "
+        "plus an own port), uvicorn on uvloop and httptools, settle_collector() (gc.freeze) before serving",
+        f"two_routers: p2c_units at {TWO_ROUTERS_LOAD:.0%} through 2 router processes sharing one client port "
+        "against the same requests and arrivals through 1 (fresh replicas, tokens drawn with seed 1000 + repeat, "
+        "order alternating); 512 keep-alive connections to the shared port, each given to one router by the "
+        "kernel; router shares from each router's modelplane_router_requests_total, read on its own port",
     ]
 
 
 GOAL = ("p2c_units p99 ≤ 0.5 × round_robin p99 and ≤ 1.1 × least_loaded p99 at every level (70 %, 90 %, 70 % with "
         "one replica 3× slower; medians of within-repeat ratios); headline ratio = round_robin p99 / p2c_units p99 "
         "at 90 %")
+
+
+def log_to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -289,8 +364,10 @@ def main(argv: list[str] | None = None) -> dict:
     settings = QUICK if args.quick else FULL
     support = bench.balancer_support()
     with tempfile.TemporaryDirectory(prefix="balance_quality-") as log_dir:
-        runs = run(settings, Path(log_dir), log=lambda line: print(line, file=sys.stderr, flush=True))
+        runs = run(settings, Path(log_dir), log=log_to_stderr)
+        two_routers = run_two_routers(settings, Path(log_dir), log=log_to_stderr)
     ours, anchor, ratio, meets, reason = figures(runs, support)
+    ours["two_routers"] = two_router_figures(two_routers) | {"runs": two_routers}
     ours["notes"] = notes(settings)
     return write_result(args.json, benchmark="balance_quality", ours=ours, anchor=anchor, ratio=ratio, goal=GOAL,
                         meets_goal=meets, unmet_reason=reason)

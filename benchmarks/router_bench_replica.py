@@ -1,7 +1,7 @@
-"""The router benchmarks' processes: replicas, the router under test, and an open-loop load generator.
+"""The router benchmarks' server processes: replicas and the router under test.
 
-``router_overhead`` and ``balance_quality`` each run three kinds of process, all started
-with ``python -m benchmarks.router_bench_replica ROLE SPEC_JSON``:
+``router_overhead`` and ``balance_quality`` start each with
+``python -m benchmarks.router_bench_replica ROLE SPEC_JSON``:
 
 - ``fast-replica``: answers ``POST /invocations`` with a fixed 20-byte JSON at once. It is
   a raw ``asyncio.Protocol`` on uvloop (HTTP/1.1 keep-alive, no framework), the cheapest
@@ -9,13 +9,13 @@ with ``python -m benchmarks.router_bench_replica ROLE SPEC_JSON``:
 - ``llm-replicas``: several OpenAI-style ``/v1/completions`` servers in one process whose
   service time follows each request's token counts (:class:`TokenPacedReplica`).
 - ``router``: the real router, ``serving.router.app.create_app`` with a static one-endpoint
-  table and a real bearer token, run by uvicorn with ``loop="uvloop"``, ``http="httptools"``
-  and ``log_level="warning"``, as ``serving.router.app.main`` runs it.
+  table and a real bearer token, started as ``serving.router.app.main`` starts it
+  (``listening_sockets``, uvicorn with ``loop="uvloop"``, ``http="httptools"``,
+  ``log_level="warning"``, ``settle_collector()`` before serving). Several may share one
+  client port.
 
-Each may be pinned to CPUs (``os.sched_setaffinity``). The load generator
-(:func:`open_loop`, role ``loadgen``) sends pre-built request bytes over keep-alive
-connections opened before the clock starts, at Poisson arrival times, and times each
-request from the moment it is handed to a connection to its last byte.
+Each may be pinned to CPUs (``os.sched_setaffinity``). The load that drives them comes from
+``benchmarks.router_loadgen``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import collections
 import json
 import math
 import os
-import random
 import subprocess
 import sys
 import time
@@ -52,7 +51,7 @@ def http_request(host: str, port: int, path: str, body: bytes, headers: dict[str
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-def _content_length(head: bytes) -> int | None:
+def content_length(head: bytes) -> int | None:
     """The Content-Length of a header block; None for a chunked body (not spoken here)."""
     lower = head.lower()
     if b"transfer-encoding: chunked" in lower:
@@ -90,7 +89,7 @@ class HttpServer(asyncio.Protocol):
             if end < 0:
                 return
             head = bytes(self.buffer[:end])
-            length = _content_length(head)
+            length = content_length(head)
             if length is None:
                 self.transport.write(http_response(b'{"error":"chunked bodies are not spoken here"}', 501))
                 self.transport.close()
@@ -213,186 +212,6 @@ class TokenPacedReplica:
         return http_response(json.dumps(answer).encode())
 
 
-# ---- the open-loop load generator ----------------------------------------------------------
-
-class _Client(asyncio.Protocol):
-    """One keep-alive connection of the generator: one request at a time, answers parsed by Content-Length."""
-
-    def __init__(self, on_answer, on_lost) -> None:
-        self.on_answer, self.on_lost = on_answer, on_lost
-        self.buffer = bytearray()
-        self.transport = None
-        self.request: tuple[int, float] | None = None  # (request number, handed-over time)
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def send(self, number: int, data: bytes) -> None:
-        self.request = (number, time.perf_counter())
-        self.transport.write(data)
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        end = self.buffer.find(b"\r\n\r\n")
-        if end < 0:
-            return
-        length = _content_length(bytes(self.buffer[:end])) or 0
-        if len(self.buffer) < end + 4 + length:
-            return
-        status = int(self.buffer[9:12])
-        del self.buffer[:end + 4 + length]
-        request, self.request = self.request, None
-        self.on_answer(self, request, status, time.perf_counter())
-
-    def connection_lost(self, exc) -> None:
-        self.on_lost(self, self.request)
-
-
-def poisson_offsets(rate_rps: float, span_s: float, seed: int) -> list[float]:
-    """Arrival times in [0, span_s) of a Poisson process of ``rate_rps`` (seeded: both sides get the same)."""
-    rng, offsets, t = random.Random(seed), [], 0.0
-    while True:
-        t += rng.expovariate(rate_rps)
-        if t >= span_s:
-            return offsets
-        offsets.append(t)
-
-
-def nearest_rank_ms(latencies_s: list[float], q: float) -> float:
-    """Nearest-rank percentile in ms (``benchmarks.loadgen``'s definition).
-
-    >>> nearest_rank_ms([i / 1000 for i in range(1, 201)], 0.99)
-    198.0
-    """
-    if not latencies_s:
-        return float("nan")
-    ordered = sorted(latencies_s)
-    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered))) - 1))] * 1000
-
-
-async def open_loop(host: str, port: int, requests: list[bytes], *, rate_rps: float, duration_s: float,
-                    warmup_s: float = 1.0, connections: int = 256, seed: int = 0,
-                    drain_timeout_s: float = 30.0, keep_samples: bool = False) -> dict:
-    """Send ``requests`` (cycled, in order) at Poisson arrivals of ``rate_rps`` for
-    ``warmup_s + duration_s``; figures cover the requests due in the last ``duration_s``.
-
-    A request's latency runs from when the generator hands it to an idle connection (or, when
-    none is idle, from when it was due and found none: waiting for a connection is the
-    server's backlog, so it counts) to its last byte. ``lateness`` is how far behind its
-    arrival time the generator got round to a request: the generator's own slack.
-    ``keep_samples`` adds every measured request as [due offset s, latency ms] (for diagnosis).
-    """
-    loop = asyncio.get_running_loop()
-    offsets = poisson_offsets(rate_rps, warmup_s + duration_s, seed)
-    idle: collections.deque[_Client] = collections.deque()
-    waiting: collections.deque[tuple[int, float]] = collections.deque()
-    ready_at: dict[int, float] = {}
-    latencies: dict[int, float] = {}
-    done_at: dict[int, float] = {}
-    statuses: collections.Counter = collections.Counter()
-    state = {"errors": 0, "waited": 0, "outstanding": 0, "lost": 0}
-    drained = loop.create_future()
-
-    def finish_one() -> None:
-        state["outstanding"] -= 1
-        if state["outstanding"] == 0 and state.get("all_sent") and not drained.done():
-            drained.set_result(None)
-
-    def hand_over(client: _Client) -> None:
-        if waiting:
-            number, _due = waiting.popleft()
-            client.send(number, requests[number % len(requests)])
-        else:
-            idle.append(client)
-
-    def on_answer(client, request, status, now) -> None:
-        number, _sent = request
-        latencies[number], done_at[number] = now - ready_at[number], now
-        statuses[status] += 1
-        if status >= 400:
-            state["errors"] += 1
-        finish_one()
-        hand_over(client)
-
-    def on_lost(client, request) -> None:
-        if state.get("closing"):
-            return
-        state["lost"] += 1
-        with_request = request is not None
-        if client in idle:
-            idle.remove(client)
-        if with_request:
-            state["errors"] += 1
-            statuses["connection lost"] += 1
-            finish_one()
-        loop.create_task(reconnect())
-
-    async def connect() -> _Client:
-        _transport, client = await loop.create_connection(lambda: _Client(on_answer, on_lost), host, port)
-        return client
-
-    async def reconnect() -> None:
-        try:
-            hand_over(await connect())
-        except OSError:
-            state["errors"] += 1
-
-    for client in await asyncio.gather(*(connect() for _ in range(connections))):
-        idle.append(client)
-    lateness: list[float] = []
-    start = time.perf_counter() + 0.05
-    for number, offset in enumerate(offsets):
-        due = start + offset
-        now = time.perf_counter()
-        if due > now:
-            await asyncio.sleep(due - now)
-            now = time.perf_counter()
-        lateness.append(now - due)
-        ready_at[number] = now
-        state["outstanding"] += 1
-        if idle:
-            idle.popleft().send(number, requests[number % len(requests)])
-        else:
-            state["waited"] += 1
-            waiting.append((number, now))
-    state["all_sent"] = True
-    if state["outstanding"]:
-        try:
-            await asyncio.wait_for(asyncio.shield(drained), drain_timeout_s)
-        except asyncio.TimeoutError:
-            pass
-    state["closing"] = True
-    for client in list(idle):
-        client.transport.close()
-
-    measured = [n for n, offset in enumerate(offsets) if offset >= warmup_s]
-    answered = [n for n in measured if n in latencies]
-    values = [latencies[n] for n in answered]
-    # answers per second over the measured requests' answers: equals the offered rate when the
-    # server keeps up, falls below it when answers pile up behind
-    first, last = min((done_at[n] for n in answered), default=0.0), max((done_at[n] for n in answered), default=0.0)
-    sent_first, sent_last = (ready_at[measured[0]], ready_at[measured[-1]]) if measured else (0.0, 0.0)
-    result = {"rate_rps": rate_rps, "duration_s": duration_s, "connections": connections,
-            "sent": len(measured), "answered": len(answered), "errors": state["errors"],
-            "unanswered": len(measured) - len(answered), "statuses": {str(k): v for k, v in statuses.items()},
-            "achieved_rps": round((len(answered) - 1) / (last - first), 1) if last > first else 0.0,
-            "offered_rps": round((len(measured) - 1) / (sent_last - sent_first), 1) if sent_last > sent_first else 0.0,
-            "p50_ms": round(nearest_rank_ms(values, 0.50), 3), "p90_ms": round(nearest_rank_ms(values, 0.90), 3),
-            "p99_ms": round(nearest_rank_ms(values, 0.99), 3), "max_ms": round(max(values, default=0) * 1000, 3),
-            "lateness_p50_ms": round(nearest_rank_ms(lateness, 0.50), 3),
-            "lateness_p99_ms": round(nearest_rank_ms(lateness, 0.99), 3),
-            "waited_for_connection": state["waited"], "connections_lost": state["lost"]}
-    if keep_samples:
-        result["samples_ms"] = [[round(offsets[n], 4), round(latencies[n] * 1000, 3)] for n in answered]
-    return result
-
-
-def completion_bodies(model: str, tokens: list[tuple[int, int]]) -> list[bytes]:
-    """``{"model", "prompt": [token ids], "max_tokens": o}`` for each (i, o): the router counts ids exactly."""
-    return [json.dumps({"model": model, "prompt": [1] * i, "max_tokens": o}, separators=(",", ":")).encode()
-            for i, o in tokens]
-
-
 # ---- processes ------------------------------------------------------------------------------
 
 def pin(cpus: list[int] | None) -> None:
@@ -413,10 +232,16 @@ def balancer_support() -> dict:
 
 
 def _serve_router(spec: dict) -> None:
+    """The real router with a static one-endpoint table, started as ``serving.router.app.main``
+    starts it: bound by ``listening_sockets`` (the client port ``spec["port"]`` with
+    SO_REUSEPORT, so several routers may share it, plus a port of its own, written to
+    ``spec["own_port_file"]`` when given), uvicorn on uvloop and httptools, and
+    ``settle_collector()`` (gc.collect + gc.freeze) before serving unless ``spec["gc_freeze"]``
+    is false (the ``--no-gc-freeze`` ablation)."""
     import uvicorn
 
     from controlplane.tokens import Grant, token_sha256
-    from serving.router.app import create_app
+    from serving.router.app import create_app, listening_sockets, settle_collector
     from serving.router.config import RouterConfig
     from serving.router.cost import RouteCost
     from serving.router.table import EndpointRoute, RoutingTable
@@ -430,15 +255,17 @@ def _serve_router(spec: dict) -> None:
                           replicas=tuple(spec["replicas"]), cost=cost, **extra)
     table = RoutingTable(endpoints={route.name: route},
                          grants={token_sha256(spec["token"]): Grant("bench", frozenset({route.name}), False)})
-    app = create_app(RouterConfig(port=spec["port"]), lambda: table)
-    if spec.get("gc_freeze"):
-        # An ablation, not how serving.router.app.main runs: move everything alive after
-        # start-up out of the collector's sight, so a full collection no longer walks the
-        # imported modules' objects (about 47 ms per full collection here, all requests waiting).
-        import gc
-        gc.collect()
-        gc.freeze()
-    uvicorn.run(app, host="127.0.0.1", port=spec["port"], log_level="warning", loop="uvloop", http="httptools")
+    config = RouterConfig(host="127.0.0.1", port=spec["port"])
+    app = create_app(config, lambda: table)
+    shared, own = listening_sockets(config.host, config.port)
+    if spec.get("own_port_file"):
+        written = Path(spec["own_port_file"] + ".part")
+        written.write_text(str(own.getsockname()[1]))
+        written.rename(spec["own_port_file"])  # whole or absent: the parent never reads half a number
+    server = uvicorn.Server(uvicorn.Config(app, loop="uvloop", http="httptools", log_level="warning"))
+    if spec.get("gc_freeze", True):
+        settle_collector()
+    server.run(sockets=[shared, own])
 
 
 def _serve(handlers: list, ports: list[int]) -> None:
@@ -484,35 +311,30 @@ def wait_http(url: str, process: subprocess.Popen, timeout_s: float = 60.0) -> N
 
 
 def get_json(url: str) -> dict:
+    return json.loads(get_text(url))
+
+
+def get_text(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as response:
-        return json.loads(response.read())
+        return response.read().decode()
 
 
-def run_loadgen(spec: dict, cpus: list[int] | None, timeout_s: float = 300.0) -> dict:
-    """:func:`open_loop` in a process of its own (pinned to ``cpus``), so it never shares the caller's loop.
+def start_router(spec: dict, log_dir: Path, timeout_s: float = 60.0) -> tuple[subprocess.Popen, int]:
+    """A ``router`` process on the client port ``spec["port"]`` (which other routers may share)
+    and the port it listens on alone, once it answers ``/healthz`` there."""
+    port_file = log_dir / f"router-{spec['port']}-{time.monotonic_ns()}.port"
+    process = start("router", spec | {"own_port_file": str(port_file)}, log_dir / "router.log")
+    deadline = time.monotonic() + timeout_s
+    while not port_file.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop(process)
+            raise RuntimeError(f"the router did not bind within {timeout_s:.0f} s (exit {process.returncode}); "
+                               f"see {log_dir / 'router.log'}")
+        time.sleep(0.05)
+    own_port = int(port_file.read_text())
+    wait_http(f"http://127.0.0.1:{own_port}/healthz", process, timeout_s)
+    return process, own_port
 
-    ``spec``: host, port, path, headers, rate_rps, duration_s, warmup_s, connections, seed and
-    either ``body`` (one JSON string) or ``completions`` ({"model", "tokens": [[i, o], …]}).
-    """
-    done = subprocess.run([sys.executable, "-m", "benchmarks.router_bench_replica", "loadgen",
-                           json.dumps(spec | {"cpus": cpus})], cwd=REPO, capture_output=True, timeout=timeout_s)
-    if done.returncode != 0:
-        raise RuntimeError(f"the load generator failed: {done.stderr.decode()[-2000:]}")
-    return json.loads(done.stdout.decode().strip().splitlines()[-1])
-
-
-def _loadgen(spec: dict) -> dict:
-    import uvloop
-
-    if "completions" in spec:
-        bodies = completion_bodies(spec["completions"]["model"], [tuple(t) for t in spec["completions"]["tokens"]])
-    else:
-        bodies = [spec["body"].encode()]
-    requests = [http_request(spec["host"], spec["port"], spec["path"], body, spec.get("headers")) for body in bodies]
-    return uvloop.run(open_loop(spec["host"], spec["port"], requests, rate_rps=spec["rate_rps"],
-                                duration_s=spec["duration_s"], warmup_s=spec.get("warmup_s", 1.0),
-                                connections=spec.get("connections", 256), seed=spec.get("seed", 0),
-                                keep_samples=spec.get("keep_samples", False)))
 
 
 def main(argv: list[str]) -> None:
@@ -527,10 +349,8 @@ def main(argv: list[str]) -> None:
         _serve([r.handle for r in replicas], spec["ports"])
     elif role == "router":
         _serve_router(spec)
-    elif role == "loadgen":
-        print(json.dumps(_loadgen(spec)))
     else:
-        raise SystemExit(f"unknown role {role!r}: fast-replica, llm-replicas, router or loadgen")
+        raise SystemExit(f"unknown role {role!r}: fast-replica, llm-replicas or router")
 
 
 if __name__ == "__main__":

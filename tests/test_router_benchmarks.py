@@ -1,10 +1,11 @@
 """The router benchmarks' harness measures what it says (never the router's speed as pass/fail).
 
-``benchmarks.router_overhead`` and ``benchmarks.balance_quality`` rest on three pieces of
-``benchmarks.router_bench_replica``: replicas, the open-loop generator and the router
-launcher. These tests check each piece against what it must do (the replica's time follows
-the tokens, the generator sends at the rate asked, the router answers through the harness
-with a real token), and that the figures come out in the common JSON shape.
+``benchmarks.router_overhead`` and ``benchmarks.balance_quality`` rest on three pieces:
+replicas and the router launcher (``benchmarks.router_bench_replica``) and the open-loop
+generator (``benchmarks.router_loadgen``). These tests check each piece against what it
+must do (the replica's time follows the tokens, the generator sends at the rate asked, the
+router answers through the harness with a real token, two routers share one port), and that
+the figures come out in the common JSON shape.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 
 from benchmarks import balance_quality, router_overhead
 from benchmarks import router_bench_replica as bench
+from benchmarks import router_loadgen as loadgen
 from benchmarks.machine import write_result
 
 RESULT_KEYS = {"benchmark", "ours", "anchor", "ratio", "goal", "meets_goal", "machine"}
@@ -44,7 +46,7 @@ def fast_replica(tmp_path):
 
 
 def complete(url: str, input_tokens: int, output_tokens: int) -> tuple[float, dict]:
-    body = bench.completion_bodies("m", [(input_tokens, output_tokens)])[0]
+    body = loadgen.completion_bodies("m", [(input_tokens, output_tokens)])[0]
     request = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
     started = time.perf_counter()
     with urllib.request.urlopen(request, timeout=30) as response:
@@ -102,16 +104,16 @@ def test_the_http_server_answers_pipelined_requests_in_order():
 
 
 def test_poisson_arrivals_are_seeded_and_average_the_rate():
-    offsets = bench.poisson_offsets(1000, 10.0, seed=3)
-    assert offsets == bench.poisson_offsets(1000, 10.0, seed=3)
-    assert offsets != bench.poisson_offsets(1000, 10.0, seed=4)
+    offsets = loadgen.poisson_offsets(1000, 10.0, seed=3)
+    assert offsets == loadgen.poisson_offsets(1000, 10.0, seed=3)
+    assert offsets != loadgen.poisson_offsets(1000, 10.0, seed=4)
     assert offsets == sorted(offsets) and 0 < offsets[0] and offsets[-1] < 10.0
     assert len(offsets) == pytest.approx(10_000, rel=0.05)
 
 
 def test_the_generator_sends_at_the_rate_asked_at_a_low_rate(fast_replica):
     requests = [bench.http_request("127.0.0.1", fast_replica, "/invocations", b"{}")]
-    result = asyncio.run(bench.open_loop("127.0.0.1", fast_replica, requests, rate_rps=250, duration_s=4.0,
+    result = asyncio.run(loadgen.open_loop("127.0.0.1", fast_replica, requests, rate_rps=250, duration_s=4.0,
                                          warmup_s=0.5, connections=16, seed=0))
     assert result["errors"] == 0 and result["unanswered"] == 0 and result["statuses"] == {"200": sum(
         result["statuses"].values())}
@@ -124,7 +126,7 @@ def test_the_generator_sends_at_the_rate_asked_at_a_low_rate(fast_replica):
 
 def test_a_refused_request_counts_as_an_error_not_a_latency(fast_replica):
     requests = [bench.http_request("127.0.0.1", fast_replica, "/missing", b"{}")]
-    result = asyncio.run(bench.open_loop("127.0.0.1", fast_replica, requests, rate_rps=100, duration_s=0.5,
+    result = asyncio.run(loadgen.open_loop("127.0.0.1", fast_replica, requests, rate_rps=100, duration_s=0.5,
                                          warmup_s=0.0, connections=4))
     assert result["errors"] == sum(result["statuses"].values()) > 0
     assert set(result["statuses"]) == {"404"}
@@ -224,6 +226,23 @@ def test_balance_goal_needs_both_ratios_at_every_level_and_a_router_that_applies
     assert anchor["round_robin"]["90%"]["p99_ms"]["median"] == 400.0
 
 
+def two_router_runs(p99s: dict[int, list[float]], busiest: float) -> list[dict]:
+    return [{"repeat": repeat, "routers": n, "rate_rps": 340.0, "achieved_rps": 338.0, "errors": 0, "unanswered": 0,
+             "p50_ms": p99 / 3, "p99_ms": p99, "replica_shares": [0.125] * 8,
+             "router_shares": [1.0] if n == 1 else [busiest, round(1 - busiest, 4)]}
+            for n, values in p99s.items() for repeat, p99 in enumerate(values)]
+
+
+def test_two_routers_are_compared_with_one_within_each_repeat():
+    figures = balance_quality.two_router_figures(two_router_runs({1: [100.0, 120.0, 110.0], 2: [150.0, 120.0, 99.0]},
+                                                                 busiest=0.52))
+    assert figures["p99_two_over_one"]["median"] == 1.0  # 1.5, 1.0 and 0.9: the middle one
+    assert figures["p99_two_over_one"]["max"] == 1.5
+    assert figures["2_routers"]["busiest_router_share"]["median"] == 0.52
+    assert figures["1_router"]["busiest_router_share"]["median"] == 1.0
+    assert figures["2_routers"]["p99_ms"] == {"min": 99.0, "median": 120.0, "max": 150.0, "n": 3}
+
+
 # ---- the whole harness, briefly, through the real router ------------------------------------
 
 @pytest.mark.slow
@@ -238,6 +257,7 @@ def test_the_overhead_harness_goes_through_the_real_router_with_a_real_token(tmp
     assert repeat["router_cpu_ms_per_request"] > 0
     assert "load_average_1m" in router  # what else ran meanwhile is recorded with the figure
     assert outcome["anchor"]["generator"]["ceiling_levels"][0]["rate_rps"] == 1000
+    assert outcome["ours"]["router_gc_frozen"] is True  # as serving.router.app.main runs it
 
 
 @pytest.mark.slow
@@ -254,3 +274,16 @@ def test_the_balance_harness_sends_each_balancer_through_the_real_router(tmp_pat
         shares = runs[1]["replica_shares"]  # round robin: every replica within a request of the others
         assert max(shares) - min(shares) <= 2 / runs[1]["sent"]
 
+
+
+@pytest.mark.slow
+def test_two_routers_share_one_client_port_and_each_takes_part_of_the_requests(tmp_path):
+    settings = balance_quality.Settings(repeats=1, measured_requests=150, warmup_s=0.3)
+    runs = balance_quality.run_two_routers(settings, tmp_path, log=lambda line: None)
+    assert [r["routers"] for r in runs] == [1, 2]
+    for run in runs:
+        assert run["errors"] == 0 and run["unanswered"] == 0 and run["sent"] > 0
+        assert sum(run["router_shares"]) == pytest.approx(1.0, abs=0.01)
+    one, two = runs
+    assert one["router_shares"] == [1.0]
+    assert len(two["router_shares"]) == 2 and min(two["router_shares"]) > 0.2  # the kernel spread 512 connections
