@@ -14,9 +14,13 @@ Up is fast, down is slow (the asymmetry of Knative's panic mode and HPA's stabil
   default scale-up policies (+4 pods or +100 %, whichever is more);
 - replicas that are still loading count as capacity: the policy never orders more because an
   earlier order has not finished starting;
-- scale-down uses the maximum of the last ``scale_down_window_s`` (300 s), never while a
-  replica is loading, and never before the controller holds that much history (a restarted
-  controller does not scale down because it has not seen the last five minutes);
+- scale-down uses the maximum of the last ``scale_down_window_s`` (300 s), never before the
+  controller holds that much history (a restarted controller does not scale down because it
+  has not seen the last five minutes), and, while replicas are loading, only cancels the
+  orders the lookback no longer justifies: no ready replica is stopped before the new ones
+  serve. (Holding every reduction while anything loads, as before, kept a fleet with
+  minutes-long cold starts at its burst peak for most of the day: ``autoscale.sim`` measured
+  31 % more replica-hours for the same requests within the SLO.)
 - with ``min_replicas == 0``, no traffic for ``scale_to_zero_grace_s`` goes to zero, and a
   request waiting for an endpoint with no replica orders one at once.
 
@@ -235,13 +239,19 @@ def _choose(signals: HorizontalSignals, config: HorizontalConfig, state: Horizon
                f"{target:g} = {want_down} replicas")
     if candidate >= state.desired:
         return state.desired, "hold", f"{why}; holding {state.desired} replicas ({capacity} ready or starting)"
-    if signals.starting_replicas > 0:
-        return state.desired, "loading", f"{why}, but {signals.starting_replicas} replica(s) are still loading: " \
-            f"holding {state.desired}"
     history_s = inputs["history_s"]
     if history_s < config.scale_down_window_s:
         return state.desired, "no-history", f"{why}, but the samples cover only {history_s:.0f} s of the " \
             f"{config.scale_down_window_s:g} s a reduction needs: holding {state.desired}"
+    if signals.starting_replicas > 0 and candidate < signals.ready_replicas:
+        # While replicas load, a reduction only cancels orders the lookback no longer justifies: a ready
+        # replica is not stopped before the new capacity serves.
+        if signals.ready_replicas >= state.desired:
+            return state.desired, "loading", f"{why}, but {signals.starting_replicas} replica(s) are still " \
+                f"loading: holding the {signals.ready_replicas} ready"
+        return signals.ready_replicas, "loading", f"{why}, but {signals.starting_replicas} replica(s) are still " \
+            f"loading: cancelling the orders beyond the {signals.ready_replicas} ready, {state.desired} → " \
+            f"{signals.ready_replicas}"
     return candidate, rule, f"{why}: {state.desired} → {candidate}"
 
 

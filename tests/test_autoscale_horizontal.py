@@ -63,8 +63,14 @@ CASES = {
     "a restarted controller with 60 s of history never scales down":
         (CONFIG, signals(flat(340, 400, 4), ready=10), state(10, history_since_s=340, last_check_s=395), 400, 10,
          "no-history"),
-    "no scale-down while a replica is loading":
-        (CONFIG, signals(flat(0, 400, 4), ready=9, starting=1), state(10, last_check_s=395), 400, 10, "loading"),
+    "while a replica loads, a reduction cancels the order the lookback no longer justifies, not a ready replica":
+        (CONFIG, signals(flat(0, 400, 4), ready=9, starting=1), state(10, last_check_s=395), 400, 9, "loading"),
+    "while replicas load, every order beyond the ready replicas is cancelled and the ready ones kept":
+        (CONFIG, signals(flat(0, 400, 4), ready=3, starting=7), state(10, last_check_s=395), 400, 3, "loading"),
+    "while a replica loads, the ready ones are held even where the lookback wants fewer":
+        (CONFIG, signals(flat(0, 400, 4), ready=10, starting=1), state(10, last_check_s=395), 400, 10, "loading"),
+    "while replicas load, a reduction that keeps every ready replica goes through":
+        (CONFIG, signals(flat(0, 400, 24), ready=2, starting=8), state(10, last_check_s=395), 400, 6, "scale-down"),
     "scale to zero after the grace (300 s without traffic)":
         (TO_ZERO, signals(flat(0, 100, 4) + flat(101, 400, 0), ready=1), state(1, last_check_s=395), 400, 0,
          "scale-to-zero"),
@@ -178,11 +184,11 @@ def test_the_result_stays_within_min_and_max(situation):
 
 @settings(max_examples=400, deadline=None)
 @given(situations())
-def test_no_reduction_while_replicas_are_starting(situation):
+def test_no_ready_replica_is_stopped_while_replicas_are_starting(situation):
     config, observed, before, now_s = situation
     observed = replace(observed, starting_replicas=max(observed.starting_replicas, 1))
     decision, _ = decide(observed, config, before, now_s)
-    assert decision.replicas >= before.desired
+    assert decision.replicas >= min(before.desired, max(observed.ready_replicas, config.min_replicas))
 
 
 @settings(max_examples=400, deadline=None)
