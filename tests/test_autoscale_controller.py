@@ -250,6 +250,6 @@ def test_the_vertical_interval_of_the_controller_config_is_the_one_used():
     fleet, clock, recorder = Fleet(), FakeClock(1000.0), Recorder()
     controller = controller_for(fleet, clock, recorder)
     controller.config = ControllerConfig(vertical_interval_s=10.0)
-    fleet.load = EndpointLoad(in_flight_requests=4.0, p99_latency_ms=5000.0, requests=500)
+    fleet.load = EndpointLoad(in_flight_requests=1.0, p99_latency_ms=5000.0, requests=500)
     run(controller, clock, 25)  # cuts at 0 and 10 s, to the sweep's bound of 1; the 30 s default allows one
     assert [r["target"] for r in recorder.rows if r["axis"] == "vertical"] == [2.0, 1.0]

@@ -58,6 +58,12 @@ CASES = {
         (CONFIG, seen(525), VerticalState(8), 100, 8, "dead-band"),
     "p99 at exactly 0.7 × the SLO is in the dead band":
         (CONFIG, seen(350), VerticalState(8), 100, 8, "dead-band"),
+    "p99 at 3 × the SLO with replicas at 12 in flight, over target 8 × 1.1: too few replicas, not a high target":
+        (CONFIG, seen(1500, in_flight=12.0), VerticalState(8), 100, 8, "over-target"),
+    "a hot GPU with replicas over their target holds the target too":
+        (CONFIG, seen(400, gpu=0.99, in_flight=9.0), VerticalState(8), 100, 8, "over-target"),
+    "p99 at 3 × the SLO with replicas at 8.8 in flight (exactly target × 1.1) still cuts":
+        (CONFIG, seen(1500, in_flight=8.8), VerticalState(8), 100, 4, "cut"),
     "no request completed: hold":
         (CONFIG, seen(None), VerticalState(8), 100, 8, "hold"),
     "29 s after a change: hold, however slow":
