@@ -1,4 +1,4 @@
-"""The ``modelplane`` command line: ``up``, ``demo``, ``endpoints …``, ``requests`` and ``db …``."""
+"""The ``modelplane`` command line: ``up``, ``demo``, ``endpoints …``, ``requests``, ``simulate`` and ``db …``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ for _name, _value in OFFLINE_ENV.items():  # before anything imports mlflow
     os.environ.setdefault(_name, _value)
 
 from controlplane.cli_router import endpoints_traffic, router_app  # noqa: E402 - after the imports above
+from controlplane.cli_simulate import simulate  # noqa: E402
 
 app = typer.Typer(help="modelplane: self-hosted model serving built from Dagster assets.", no_args_is_help=True)
 endpoints_app = typer.Typer(help="Endpoint specs: which registered model alias to serve, and how.", no_args_is_help=True)
@@ -32,6 +33,7 @@ app.add_typer(tokens_app, name="tokens")
 app.add_typer(db_app, name="db")
 app.add_typer(router_app, name="router")
 endpoints_app.command("traffic")(endpoints_traffic)
+app.command("simulate")(simulate)
 console = Console(soft_wrap=True)
 errors = Console(stderr=True, soft_wrap=True)
 
