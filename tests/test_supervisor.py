@@ -167,6 +167,9 @@ def test_a_watcher_that_is_gone_is_replaced_by_the_reconcile_loop(running, iris_
     wait_for(ready(cluster, "iris-r1", 1), 120, "the replica ready again")
     # the unwatched process was stopped, not left running beside the new one
     assert not psutil.pid_exists(old_pid) or psutil.Process(old_pid).status() == psutil.STATUS_ZOMBIE
+    # … and the lost watcher, were it still running, starts no process of its own again
+    threading.Event().wait(2 * 0.2 + 1)  # past its restart back-off (running: 0.2 s initial)
+    assert lost._process.pid == old_pid
 
 
 def test_a_status_write_through_a_locked_database_lands_once_the_lock_goes(sqlite_url, tmp_path, iris_dir):

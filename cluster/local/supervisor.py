@@ -141,6 +141,15 @@ class ManagedReplica:
         self._thread.join(timeout=self._config.stop_grace_s + 15)
         self._write("stopped", None)
 
+    def abandon(self) -> None:
+        """Stop the process of a replica whose watcher is taken for gone, and keep that watcher, should it
+        still be running, from starting the process again (it would run on, unwatched, beside the new one)."""
+        with self._process_lock:
+            self._stop.set()
+            process = self._process
+        if process is not None and process.poll() is None:
+            kill_group(process, self._config.stop_grace_s)
+
     @property
     def watching(self) -> bool:
         """False once the watcher thread is gone without a stop (the supervisor replaces it)."""
@@ -311,8 +320,7 @@ class Supervisor:
         for replica_id, managed in list(self.replicas.items()):
             if not managed.watching:  # the thread is gone: its process may not be; stop it, start afresh
                 log.error("replica %s: its watcher ended; starting it again", replica_id)
-                if managed._process is not None and managed._process.poll() is None:
-                    kill_group(managed._process, self._config.stop_grace_s)  # else it runs on, unwatched
+                managed.abandon()
                 del self.replicas[replica_id]
                 to_start.append(replica_id)
         for replica_id in to_start:
