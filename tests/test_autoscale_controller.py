@@ -204,6 +204,26 @@ def test_the_predictive_floor_adds_replicas_before_yesterday_s_ramp_comes_back()
     assert any(r["rule"] == "predictive-floor" for r in recorder.rows)
 
 
+def test_a_floor_that_falls_is_held_for_the_scale_down_lookback_not_left_the_next_minute():
+    """Yesterday's 10:00 minute peaked at 40 in flight, the minutes around it at 2. Today the floor
+    orders 10 replicas ahead of 10:00; once that minute has passed the forecast falls, but the
+    order stays until the 300 s lookback no longer holds it, as a peak's would."""
+    day_s = 86_400
+    recorder = Recorder()
+    for minute in range(int((9 * 3600) // 60), int((11 * 3600) // 60)):
+        recorder.save_demand("gec", minute, 40.0 if minute == 600 else 2.0)  # minute 600 is 10:00
+    fleet = Fleet(replace(PLAN, max_replicas=20, cold_start_s=60.0))
+    clock = FakeClock(day_s + 10 * 3600 - 480)  # today 09:52: a full lookback of history before the floor
+    controller = controller_for(fleet, clock, recorder)
+    fleet.load = EndpointLoad(in_flight_requests=2.0)
+    run(controller, clock, 510)  # 10:00:30: the 10:00 minute came within the 60 s horizon: ceil(40 / 4) = 10
+    assert fleet.scaled[-1][1] == 10
+    run(controller, clock, 140)  # 10:02:50: the forecast fell to ceil(2 / 4) = 1 at 10:01
+    assert fleet.scaled[-1][1] == 10
+    run(controller, clock, 220)  # 10:06:30: the 10 is older than the 300 s lookback
+    assert fleet.scaled[-1][1] == 1
+
+
 def test_a_scale_up_names_no_victims():
     fleet, clock, recorder = Fleet(), FakeClock(1000.0), Recorder()
     controller = controller_for(fleet, clock, recorder)

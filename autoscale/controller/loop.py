@@ -16,6 +16,8 @@ newest recorded decision of the serving revision, so a restart does not undo tun
 
 The predictive floor (:mod:`autoscale.forecast`) raises the horizontal decision ahead of a
 ramp seen a day (or a week) before; its horizon is the revision's measured cold start. The
+highest floor of the scale-down lookback is the one applied: a forecast that falls is left
+after ``scale_down_window_s``, like a peak, not the next minute. The
 history is the endpoint's peak in flight per wall-clock minute, stored as each minute ends,
 so the controller's clock is wall time (``python -m autoscale.controller``).
 
@@ -132,6 +134,7 @@ class Window:
     samples: deque = field(default_factory=deque)
     vertical_checked_s: float | None = None  # replicas' stats are read this often, not every sample
     history: DemandHistory = field(default_factory=DemandHistory)  # per-minute peaks, for the predictive floor
+    floors: deque = field(default_factory=deque)  # (at_s, floor, reason) of the lookback: a floor is held like a peak
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,7 @@ class Controller:
         if plan.cold_start_s is not None:  # look as far ahead as a new replica takes to become ready
             floor, why = predictive_floor(window.history, now_s, max(plan.cold_start_s, MINUTE_S), per_replica,
                                           plan.max_replicas)
+            floor, why = self._held_floor(window, now_s, floor, why)
             floored = apply_floor(decision, floor, why)
             if floored.replicas != decision.replicas:
                 decision = floored
@@ -222,6 +226,19 @@ class Controller:
             self._recorder.record(plan.endpoint, plan.revision_id, "horizontal", replicas=decision.replicas,
                                   rule=decision.rule, reason=decision.reason, inputs=inputs)
             self._log(f"{plan.endpoint}: {plan.desired_replicas} → {decision.replicas} replicas ({decision.reason})")
+
+    def _held_floor(self, window: Window, now_s: float, floor: int, why: str) -> tuple[int, str]:
+        """The highest floor of the scale-down lookback: a forecast that falls is left the way a peak
+        is, after ``scale_down_window_s``, not the next minute (yesterday's minutes would otherwise
+        move the count up and down by a replica a minute)."""
+        window.floors.append((now_s, floor, why))
+        while window.floors and window.floors[0][0] <= now_s - self.config.scale_down_window_s:
+            window.floors.popleft()
+        at_s, held, reason = max(window.floors, key=lambda item: (item[1], item[0]))
+        if held <= floor:
+            return floor, why
+        return held, (f"{reason} ({now_s - at_s:.0f} s ago; a forecast is held for the "
+                      f"{self.config.scale_down_window_s:g} s lookback)")
 
     def _new_window(self, plan: EndpointPlan, now_s: float) -> Window:
         config = self._vertical_config(plan)
