@@ -1,6 +1,8 @@
 """The day model (autoscale.sim): every request counted once, deterministic, the real controller inside,
 and on a constant demand each policy settles where its own formula says."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -171,3 +173,61 @@ def test_modelplane_simulate_replays_a_users_trace_and_refuses_a_bad_one(tmp_pat
     assert refused.exit_code == 2 and "missing column" in refused.output
     refused = CliRunner().invoke(app, ["simulate", "--trace", str(path), "--cold-start", "instant"])
     assert refused.exit_code == 2 and "known: plain, lazy_image, warm_pool" in refused.output
+
+
+def stored_endpoint(engine, cold_start_s=42.0):
+    """gec in the control plane, serving gec.v3 with a cost profile measured on one hardware profile."""
+    from pathlib import Path
+
+    from controlplane.cost_profiles import CostProfileStore
+    from controlplane.revisions import RevisionStore
+    from controlplane.specs import load_spec
+    from controlplane.store import EndpointStore
+
+    spec = load_spec(Path(__file__).resolve().parents[1] / "examples" / "endpoints" / "gec.yaml")
+    EndpointStore(engine).put(spec)
+    revisions = RevisionStore(engine)
+    revision = revisions.create("gec", "gec.v3", "/models/gec", "vllm", {}, 1, details={"cold_start_s": cold_start_s})
+    revisions.route("gec", revision.id)
+    cost = replace(constant_latency_cost(), target_concurrency=128)
+    CostProfileStore(engine).put("gec.v3", "cuda/NVIDIA H200x1", cost.to_json(), cost.target_concurrency, "measured")
+    return spec, cost
+
+
+def test_a_running_endpoint_lends_the_simulator_its_spec_cost_profile_and_cold_start(migrated_engine):
+    from controlplane.cli_simulate import endpoint_inputs
+
+    spec, cost = stored_endpoint(migrated_engine)
+    found = endpoint_inputs(migrated_engine, "gec")
+    assert found.spec == spec and found.cost == cost and found.cold_start_s == 42.0
+    assert "gec.v3's cost profile on cuda/NVIDIA H200x1" in found.source
+    elsewhere = endpoint_inputs(migrated_engine, "gec", hardware_profile="cpu/AMD EPYC/2cpu")
+    assert elsewhere.cost is None and "no cost profile on cpu/AMD EPYC/2cpu" in elsewhere.source
+    with pytest.raises(ValueError, match="no endpoint 'nope' in the control plane \\(known: gec\\)"):
+        endpoint_inputs(migrated_engine, "nope")
+
+
+def test_modelplane_simulate_endpoint_runs_on_the_stored_settings_and_measured_cold_start(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from controlplane import db
+    from controlplane.cli import app
+
+    url = f"sqlite:///{tmp_path / 'plane.db'}"
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    stored_endpoint(engine)
+    engine.dispose()
+    monkeypatch.setenv("MODELPLANE_DATABASE_URL", url)
+    out = tmp_path / "out.json"
+    result = CliRunner().invoke(app, ["simulate", "--endpoint", "gec", "--cold-start", "measured", "--hours", "0.5",
+                                      "--peak-rps", "2000", "--policy", "modelplane_two_axes", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    import json
+
+    assumptions = json.loads(out.read_text())["assumptions"]
+    assert assumptions["cold_start"] == {"kind": "measured", "median_s": 42.0, "p90_s": 63.0}
+    assert assumptions["slo_ms"] == 1000.0 and assumptions["replicas"] == [1, 4]  # the stored spec's
+    assert assumptions["target_concurrency"] == 128  # the stored cost profile's, not the preset's 64
+    refused = CliRunner().invoke(app, ["simulate", "--endpoint", "nope"])
+    assert refused.exit_code == 2 and "no endpoint 'nope'" in refused.output

@@ -21,7 +21,7 @@ from autoscale.sim.demand import Demand, Trace, diurnal_day
 from autoscale.sim.fleet import FleetConfig, FleetRun, replicas_for_rate, simulate
 from autoscale.sim.modelplane import ModelplanePolicy
 from autoscale.sim.oracle import Oracle
-from autoscale.sim.replica import COLD_STARTS, ReplicaModel, h100_small
+from autoscale.sim.replica import COLD_STARTS, ColdStart, ReplicaModel, h100_small
 from autoscale.sim.report import figures
 from autoscale.sim.view import ScalingPolicy
 from costmodel.fit import CostModel
@@ -44,19 +44,31 @@ class DaySettings:
     duration_s: int = 86_400
     target_concurrency: float | None = None  # the spec's scaling.target_concurrency: pinned (no vertical axis)
     scale_to_zero_grace_s: float = 300.0
+    measured_cold_start_s: float | None = None  # cold_start "measured": a revision's own, median (p90 = 1.5 ×)
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.policies if p not in POLICIES]
         if unknown:
             raise ValueError(f"unknown polic{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; known: "
                              f"{', '.join(POLICIES)}")
-        if self.cold_start not in COLD_STARTS:
-            raise ValueError(f"unknown cold start kind {self.cold_start!r}; known: {', '.join(COLD_STARTS)}")
+        if self.cold_start == "measured" and not (self.measured_cold_start_s or 0) > 0:
+            raise ValueError("cold start 'measured' needs the measured cold start (modelplane simulate --endpoint "
+                             "reads it from the serving revision; it has none until its first replica was ready)")
+        if self.cold_start not in COLD_STARTS and self.cold_start != "measured":
+            raise ValueError(f"unknown cold start kind {self.cold_start!r}; known: {', '.join(COLD_STARTS)}, "
+                             f"measured (with --endpoint)")
         if not 1 <= self.max_replicas or not 0 <= self.min_replicas <= self.max_replicas:
             raise ValueError(f"need 0 ≤ min_replicas ≤ max_replicas and max_replicas ≥ 1, got {self.min_replicas} "
                              f"and {self.max_replicas}")
         if not 0 < self.slo_attainment < 1:
             raise ValueError(f"slo_attainment must be in (0, 1), got {self.slo_attainment}")
+
+
+def cold_start_of(settings: DaySettings) -> ColdStart:
+    """The kind's assumed distribution, or a revision's measured cold start as the median (p90 = 1.5 ×)."""
+    if settings.cold_start == "measured":
+        return ColdStart("measured", settings.measured_cold_start_s, 1.5 * settings.measured_cold_start_s)
+    return COLD_STARTS[settings.cold_start]
 
 
 def yesterday_in_flight(demand: Demand, model: ReplicaModel) -> dict[int, float]:
@@ -81,7 +93,7 @@ def build_policy(name: str, demand: Demand, model: ReplicaModel, settings: DaySe
     initial = clamp(replicas_for_rate(float(demand.arrivals[:60].mean()) / demand.tick_s, rps_at_target))
     bounds = {"min_replicas": settings.min_replicas, "max_replicas": settings.max_replicas,
               "initial_replicas": initial}
-    cold = COLD_STARTS[settings.cold_start]
+    cold = cold_start_of(settings)
     if name == "static_peak":
         peak = clamp(replicas_for_rate(demand.peak_rps, rps_at_target))
         return anchors.StaticPeak(peak), peak
@@ -110,7 +122,7 @@ def build_policy(name: str, demand: Demand, model: ReplicaModel, settings: DaySe
 def run_policy(name: str, demand: Demand, model: ReplicaModel, settings: DaySettings,
                yesterday: Callable[[], dict[int, float]]) -> FleetRun:
     policy, initial = build_policy(name, demand, model, settings, yesterday)
-    config = FleetConfig(initial_replicas=initial, cold_start=COLD_STARTS[settings.cold_start], seed=settings.seed)
+    config = FleetConfig(initial_replicas=initial, cold_start=cold_start_of(settings), seed=settings.seed)
     return simulate(demand, model, policy, config)
 
 
@@ -149,7 +161,7 @@ def run_demand(demand: Demand, yesterday_demand: Callable[[], Demand], cost: Cos
     rps_at_target = model.throughput_rps(settings.target_concurrency or model.target_concurrency)
     rows = [figures(run, static_replica_hours=static_hours, oracle_replica_hours=oracle_hours) for run in runs.values()]
     slo_concurrency, slo_rps = model.capacity_at_slo(settings.slo_attainment)
-    cold = COLD_STARTS[settings.cold_start]
+    cold = cold_start_of(settings)
     assumptions = {
         "demand": demand.description, "peak_rps": demand.peak_rps, "mean_rps": round(demand.mean_rps, 1),
         "cost_model": cost.slo_message,
