@@ -10,24 +10,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
-from sqlalchemy import Engine, select
-from sqlalchemy.orm import Session
 
-from autoscale.sim.day import POLICIES, DaySettings, run_day, run_demand
-from autoscale.sim.demand import TraceError, read_trace, replay
-from autoscale.sim.replica import COLD_STARTS, h100_small
-from autoscale.sim.report import plot_day, table_markdown
-from controlplane import db
-from controlplane.cost_profiles import CostProfileStore
-from controlplane.revisions import RevisionStore
-from controlplane.schema import CostProfileRow
-from controlplane.settings import Settings
-from controlplane.specs import EndpointSpec, SpecError, load_spec
-from controlplane.store import EndpointStore
-from costmodel.fit import CostModel
+from autoscale.sim.names import COLD_START_KINDS, POLICIES
+
+if TYPE_CHECKING:  # the simulator (numpy, scipy) is imported when the command runs, not with the CLI
+    from sqlalchemy import Engine
+
+    from controlplane.specs import EndpointSpec
+    from costmodel.fit import CostModel
+
 
 console = Console(soft_wrap=True)
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure-llm-trace-2023" / \
@@ -35,6 +30,9 @@ DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure
 
 
 def _cost_model(path: Path | None, trace, slo_ms: float | None) -> CostModel:
+    from autoscale.sim.replica import h100_small
+    from costmodel.fit import CostModel
+
     if path is None:
         return h100_small(trace.input_tokens, trace.output_tokens, **({"slo_p99_ms": slo_ms} if slo_ms else {}))
     try:
@@ -66,6 +64,14 @@ def endpoint_inputs(engine: Engine, name: str, hardware_profile: str | None = No
 
     Raises ValueError saying what is missing: an unknown endpoint, or one that serves nothing yet.
     """
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from controlplane.cost_profiles import CostProfileStore
+    from controlplane.revisions import RevisionStore
+    from controlplane.schema import CostProfileRow
+    from controlplane.store import EndpointStore
+    from costmodel.fit import CostModel
     spec = EndpointStore(engine).get(name)
     if spec is None:
         known = ", ".join(s.name for s in EndpointStore(engine).list()) or "none"
@@ -103,7 +109,7 @@ def simulate(
                                      "many superposed shifted copies of the trace."),
     peak_rps: float = typer.Option(200_000.0, "--peak-rps", min=1.0, help="The synthetic day's peak, req/s."),
     hours: float = typer.Option(24.0, "--hours", min=0.1, max=24.0, help="Simulate the first HOURS of the day."),
-    cold_start: str = typer.Option("plain", "--cold-start", help=f"One of {', '.join(COLD_STARTS)}, or measured "
+    cold_start: str = typer.Option("plain", "--cold-start", help=f"One of {', '.join(COLD_START_KINDS)}, or measured "
                                    "(with --endpoint: the serving revision's own, as the median; p90 = 1.5 ×)."),
     cost_profile: Path = typer.Option(None, "--cost-profile", help="A cost model JSON (CostModel.to_json); "
                                       "default: the h100_small preset (about 1,200 req/s per replica)."),
@@ -122,6 +128,13 @@ def simulate(
     png_out: Path = typer.Option(None, "--png", help="Plot replicas against demand here."),
 ) -> None:
     """Simulate a day of traffic against every autoscaling policy and print the table."""
+    from autoscale.sim.day import DaySettings, run_day, run_demand
+    from autoscale.sim.demand import TraceError, read_trace, replay
+    from autoscale.sim.report import plot_day, table_markdown
+    from controlplane import db
+    from controlplane.settings import Settings
+    from controlplane.specs import SpecError, load_spec
+
     try:
         scaling = {"max_replicas": 400}
         if spec is not None and endpoint is not None:

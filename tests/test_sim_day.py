@@ -231,3 +231,16 @@ def test_modelplane_simulate_endpoint_runs_on_the_stored_settings_and_measured_c
     assert assumptions["target_concurrency"] == 128  # the stored cost profile's, not the preset's 64
     refused = CliRunner().invoke(app, ["simulate", "--endpoint", "nope"])
     assert refused.exit_code == 2 and "no endpoint 'nope'" in refused.output
+
+
+def test_the_cli_names_match_the_simulator_and_importing_the_cli_leaves_the_simulator_out():
+    import subprocess
+    import sys
+
+    from autoscale.sim.names import COLD_START_KINDS
+    from autoscale.sim.replica import COLD_STARTS
+
+    assert COLD_START_KINDS == tuple(COLD_STARTS)
+    probe = "import sys, controlplane.cli; print(sorted({'numpy', 'scipy', 'autoscale.sim.day'} & set(sys.modules)))"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True).stdout.strip() == "[]"

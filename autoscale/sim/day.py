@@ -20,14 +20,13 @@ from autoscale.sim import anchors
 from autoscale.sim.demand import Demand, Trace, diurnal_day
 from autoscale.sim.fleet import FleetConfig, FleetRun, replicas_for_rate, simulate
 from autoscale.sim.modelplane import ModelplanePolicy
+from autoscale.sim.names import POLICIES
 from autoscale.sim.oracle import Oracle
 from autoscale.sim.replica import COLD_STARTS, ColdStart, ReplicaModel, h100_small
 from autoscale.sim.report import figures
 from autoscale.sim.view import ScalingPolicy
 from costmodel.fit import CostModel
 
-POLICIES = ("static_peak", "hpa", "knative_kpa", "ray_serve", "ray_serve_target_2", "aibrix_kpa",
-            "modelplane_horizontal", "modelplane_two_axes", "modelplane_two_axes_predictive", "oracle")
 YESTERDAY_SEED_OFFSET = 1_000
 DAY_MINUTES = 1_440
 
