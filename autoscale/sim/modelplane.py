@@ -19,6 +19,9 @@ Three modes, as a user would configure them:
   yesterday's demand in the recorder (``yesterday``: peak in flight per minute, minute indices
   −1440..−1, as the controller stores them).
 
+The routers' p99 is the mean of the last 30 ticks' p99s, weighted by the requests running in
+each (the day model keeps no per-request latencies).
+
 The scaling signal is requests in flight (``scaling.signal: requests``): the day model holds
 per-tick aggregates, where model units are requests × a constant mean and scale the same.
 The replicas report their engine queue per replica; CPU/GPU utilization is not modelled
@@ -127,15 +130,14 @@ class ModelplanePolicy:
         if len(self._urls) != view.ready:
             self._urls = tuple(f"replica-{k}" for k in range(view.ready))
         self._counts = ReplicaCounts(view.ready, view.starting, self._urls)
-        served_rps = view.running  # weight of this tick's p99: any monotone proxy for requests served
-        if view.p99_latency_ms is not None:
-            self._p99.append((served_rps, view.p99_latency_ms))
+        if view.p99_latency_ms is not None:  # weighted by the requests running, a proxy for those answered
+            self._p99.append((view.running, view.p99_latency_ms))
         del self._p99[:-P99_WINDOW_TICKS]
         weight = sum(w for w, _ in self._p99)
         p99 = sum(w * p for w, p in self._p99) / weight if weight > 0 else None
         self._source.load = EndpointLoad(in_flight_requests=view.in_flight, p99_latency_ms=p99,
                                          waiting_requests=0 if view.ready else int(view.queued),
-                                         requests=int(view.arrivals_rps))
+                                         requests=int(view.arrivals_rps))  # recorded in decisions only
         self._source.stats = ReplicaStats(queue_depth=view.queued / view.ready if view.ready else 0.0)
         self.controller.tick()
         return self.desired
