@@ -30,21 +30,18 @@ least-loaded at every replica count. The headline ratio is ours / static peak re
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
 from autoscale.sim import routing
 from autoscale.sim.day import DaySettings, run_day
-from autoscale.sim.demand import read_trace
+from autoscale.sim.demand import DEFAULT_TRACE, read_trace
 from autoscale.sim.replica import COLD_STARTS
 from autoscale.sim.report import plot_day, table_markdown
 from benchmarks.machine import write_result
 from benchmarks.repeats import spread
 
-TRACE = Path(os.environ.get("MODELPLANE_TRACE_CSV", Path(__file__).resolve().parents[2] / "shared" / "data"
-                            / "azure-llm-trace-2023" / "AzureLLMInferenceTrace_conv.csv"))
 OURS = "modelplane_two_axes_predictive"
 ANCHORS = ("hpa", "knative_kpa", "ray_serve", "ray_serve_target_2", "aibrix_kpa")
 HEADLINE_KIND = "plain"
@@ -114,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--png", help="the headline day's plot (default: beside --json)")
     args = parser.parse_args(argv)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    trace = read_trace(TRACE)
+    trace = read_trace(DEFAULT_TRACE)
     png = args.png or (str(Path(args.json).with_suffix(".png")) if args.json else None)
     headline = [one_day(trace, HEADLINE_KIND, seed, png if seed == SEEDS[0] else None, log)
                 for seed in (SEEDS[:1] if args.quick else SEEDS)]

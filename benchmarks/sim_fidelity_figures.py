@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autoscale.sim.demand import Demand, Trace
+from autoscale.sim.demand import DEFAULT_TRACE, Demand, Trace
 from costmodel.fit import Coefficients, CostModel, target_concurrency
 from costmodel.sweep import RequestSample, SweepPoint
 
@@ -27,8 +27,7 @@ MAX_ROWS = 4
 SWEEP_LEVELS = (1, 2, 4)
 SLO_P99_MS = 500.0
 MIN_REPLICAS, MAX_REPLICAS, TARGET_CONCURRENCY = 1, 3, 2
-TRACE_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure-llm-trace-2023" / \
-    "AzureLLMInferenceTrace_conv.csv"
+TRACE_CSV = DEFAULT_TRACE
 
 
 @dataclass(frozen=True)

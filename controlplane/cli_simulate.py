@@ -25,8 +25,6 @@ if TYPE_CHECKING:  # the simulator (numpy, scipy) is imported when the command r
 
 
 console = Console(soft_wrap=True)
-DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure-llm-trace-2023" / \
-    "AzureLLMInferenceTrace_conv.csv"
 
 
 def _cost_model(path: Path | None, trace, slo_ms: float | None) -> CostModel:
@@ -64,12 +62,8 @@ def endpoint_inputs(engine: Engine, name: str, hardware_profile: str | None = No
 
     Raises ValueError saying what is missing: an unknown endpoint, or one that serves nothing yet.
     """
-    from sqlalchemy import select
-    from sqlalchemy.orm import Session
-
     from controlplane.cost_profiles import CostProfileStore
     from controlplane.revisions import RevisionStore
-    from controlplane.schema import CostProfileRow
     from controlplane.store import EndpointStore
     from costmodel.fit import CostModel
     spec = EndpointStore(engine).get(name)
@@ -82,14 +76,8 @@ def endpoint_inputs(engine: Engine, name: str, hardware_profile: str | None = No
     if revision is None:
         return EndpointInputs(spec, None, None, f"endpoint {name}: serves no revision yet, so no cost profile")
     store = CostProfileStore(engine)
-    if hardware_profile is not None:
-        profile = store.get(revision.partition_key, hardware_profile)
-    else:
-        with Session(engine) as session:
-            keys = session.scalars(select(CostProfileRow.hardware_profile)
-                                   .where(CostProfileRow.partition_key == revision.partition_key)
-                                   .order_by(CostProfileRow.created_at.desc())).all()
-        profile = store.get(revision.partition_key, keys[0]) if keys else None
+    profile = store.get(revision.partition_key, hardware_profile) if hardware_profile is not None \
+        else store.newest(revision.partition_key)
     cold = (revision.details or {}).get("cold_start_s")
     cold_start_s = float(cold) if isinstance(cold, (int, float)) and cold > 0 else None
     if profile is None:
@@ -129,7 +117,7 @@ def simulate(
 ) -> None:
     """Simulate a day of traffic against every autoscaling policy and print the table."""
     from autoscale.sim.day import DaySettings, run_day, run_demand
-    from autoscale.sim.demand import TraceError, read_trace, replay
+    from autoscale.sim.demand import DEFAULT_TRACE, TraceError, read_trace, replay
     from autoscale.sim.report import plot_day, table_markdown
     from controlplane import db
     from controlplane.settings import Settings

@@ -51,6 +51,13 @@ class CostProfileStore:
             row = session.get(CostProfileRow, (partition_key, hardware_profile))
             return _profile(row) if row else None
 
+    def newest(self, partition_key: str) -> CostProfile | None:
+        """The version's most recently measured profile, on whatever hardware it was measured."""
+        with Session(self._engine) as session:
+            row = session.scalars(select(CostProfileRow).where(CostProfileRow.partition_key == partition_key)
+                                  .order_by(CostProfileRow.created_at.desc()).limit(1)).first()
+            return _profile(row) if row else None
+
     def for_hardware(self, hardware_profile: str) -> dict[str, CostProfile]:
         """Every version's profile on ``hardware_profile``, by partition key (the router's read)."""
         with Session(self._engine) as session:

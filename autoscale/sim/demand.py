@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -31,6 +32,9 @@ from pathlib import Path
 import numpy as np
 
 TRACE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+# The Azure conversation trace sits beside the checkout (../shared/data); MODELPLANE_TRACE_CSV points elsewhere.
+DEFAULT_TRACE = Path(os.environ.get("MODELPLANE_TRACE_CSV", Path(__file__).resolve().parents[3] / "shared" / "data"
+                                    / "azure-llm-trace-2023" / "AzureLLMInferenceTrace_conv.csv"))
 DAY_S = 86_400
 HOUR_S = 3_600
 

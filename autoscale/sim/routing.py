@@ -47,7 +47,6 @@ import csv
 import heapq
 import json
 import math
-import os
 import random
 import time
 from collections import defaultdict, deque
@@ -57,10 +56,10 @@ from pathlib import Path
 
 import numpy as np
 
+from autoscale.sim.demand import DEFAULT_TRACE
 from serving.router.balancing import BALANCERS, Snapshot, make_balancer
 
-TRACE = Path(os.environ.get("MODELPLANE_TRACE_CSV", Path(__file__).resolve().parents[3] / "shared" / "data"
-                            / "azure-llm-trace-2023" / "AzureLLMInferenceTrace_conv.csv"))
+TRACE = DEFAULT_TRACE
 DEFAULT_DURATION_S = 120.0
 QUICK_DURATION_S = 20.0
 DRAIN_S = 300.0  # long enough for a 15 s request ten times slowed on an overloaded replica
