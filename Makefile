@@ -9,18 +9,23 @@ VENV := .venv
 QVENV := .venv-quantize
 PYTEST_ARGS ?=
 
-.PHONY: demo test up envs lock clean-state schema
+.PHONY: demo test up envs sysdeps lock clean-state schema
 
-demo: envs
+demo: envs sysdeps
 	$(VENV)/bin/modelplane demo
 
-up: envs
+up: envs sysdeps
 	$(VENV)/bin/modelplane up
 
-test: envs
+test: envs sysdeps
 	bash tests/run.sh $(PYTEST_ARGS)
 
 envs: $(VENV)/.installed $(QVENV)/.installed
+
+# Debian packages for serving images (squashfs-tools, docker-registry, fuse3, strace, skopeo,
+# umoci): installed when run as root, otherwise the apt-get command to run is printed.
+sysdeps:
+	bash scripts/system-packages.sh
 
 $(VENV)/.installed: requirements/main.lock pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
