@@ -1,0 +1,1 @@
+"""OCI images without a Docker engine: layers, image layout, registry client, embedded registry."""
