@@ -5,6 +5,7 @@ Which ids start and stop is :func:`cluster.replica_plan.plan`, as in the local s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 
 from cluster.protocol import Replica, RevisionSpec, poll_changes
@@ -28,8 +29,7 @@ class InMemoryCluster:
         if revision_id not in self.revisions:
             raise KeyError(f"no revision {revision_id!r}")
         spec = self.revisions[revision_id]
-        self.revisions[revision_id] = RevisionSpec(spec.revision_id, spec.endpoint, spec.model_dir, spec.runtime,
-                                                   replicas, spec.runtime_config)
+        self.revisions[revision_id] = dataclasses.replace(spec, replicas=replicas)
         self._reconcile(revision_id, victims if replicas < spec.replicas else ())
 
     def replicas(self, revision_id: str | None = None) -> list[Replica]:

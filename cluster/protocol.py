@@ -23,6 +23,9 @@ class RevisionSpec:
     runtime: str  # "vllm" | "pyfunc"
     replicas: int
     runtime_config: dict = field(default_factory=dict)
+    # The serving image to start replicas from (images.source_ref.ImageRef.to_json()); None: the
+    # model directory and this machine's runtime environment, read in place.
+    image: dict | None = None
 
 
 @dataclass(frozen=True)

@@ -55,11 +55,13 @@ class Revision:
     created_at: datetime
     details: dict = field(default_factory=dict)  # checkpoint, eval gate verdict, hardware, owning run
     updated_at: datetime | None = None
+    image: dict | None = None  # the serving image its replicas start from (cluster.protocol.RevisionSpec.image)
 
 
 def _revision(row: RevisionRow) -> Revision:
     return Revision(row.id, row.endpoint, row.partition_key, row.model_dir, row.runtime, dict(row.runtime_config),
-                    row.desired_replicas, row.state, row.created_at, dict(row.details or {}), row.updated_at)
+                    row.desired_replicas, row.state, row.created_at, dict(row.details or {}), row.updated_at,
+                    row.image)
 
 
 class RevisionStore:
@@ -68,13 +70,13 @@ class RevisionStore:
         self._now = now
 
     def create(self, endpoint: str, partition_key: str, model_dir: str, runtime: str, runtime_config: dict,
-               replicas: int, details: dict | None = None) -> Revision:
+               replicas: int, details: dict | None = None, image: dict | None = None) -> Revision:
         """A new pending revision ``<endpoint>-v<version>-<random>``."""
         now = self._now()
         with Session(self._engine) as session, session.begin():
             row = RevisionRow(id=revision_id(endpoint, partition_key), endpoint=endpoint, partition_key=partition_key,
                               model_dir=model_dir, runtime=runtime, runtime_config=runtime_config,
-                              details=details or {}, desired_replicas=replicas, state="pending", created_at=now,
+                              details=details or {}, image=image, desired_replicas=replicas, state="pending", created_at=now,
                               updated_at=now)
             session.add(row)
             session.flush()

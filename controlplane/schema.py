@@ -58,6 +58,8 @@ class RevisionRow(Base):
     runtime_config: Mapped[dict] = mapped_column(JSON)
     # What it serves and why: checkpoint label, eval gate verdict and reasons, hardware profile, AMX state.
     details: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    # The serving image its replicas start from (images.source_ref.ImageRef as JSON); null: in place.
+    image: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     desired_replicas: Mapped[int] = mapped_column(Integer)
     # Replica ids the last scale-down named to stop first (``Cluster.scale``'s victims), in order.
     retiring: Mapped[list | None] = mapped_column(JSON, nullable=True)

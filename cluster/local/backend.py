@@ -43,6 +43,7 @@ class LocalCluster:
                 row.retiring = None  # a new count names no victims: the highest indices go
             row.model_dir, row.runtime = spec.model_dir, spec.runtime
             row.runtime_config, row.desired_replicas = dict(spec.runtime_config), spec.replicas
+            row.image = spec.image
             row.updated_at = now
 
     def scale(self, revision_id: str, replicas: int, victims: Sequence[str] = ()) -> None:
