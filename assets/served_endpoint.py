@@ -32,6 +32,7 @@ from assets.rollout import (Canary, CanaryPlan, CanaryVerdict, Drain, Retire, Ro
 from assets.source_model import DEPLOY_RETRIES, model_versions
 from cluster.capacity import Capacity, CapacityError, check_min_replicas, model_bytes, replica_memory_bytes
 from cluster.protocol import Cluster, RevisionSpec
+from images.ref import ImageRef
 from autoscale.controller.sources import router_loads
 from controlplane.revisions import RevisionStore, TrafficChanged
 from controlplane.routers import RouterStore
@@ -85,7 +86,7 @@ class RolloutDriver:
         if isinstance(action, Start):
             revision = self.revisions.get(action.revision_id)
             self.cluster.apply(RevisionSpec(revision.id, revision.endpoint, revision.model_dir, revision.runtime,
-                                            action.replicas, revision.runtime_config))
+                                            action.replicas, revision.runtime_config, revision.image))
             self.log(f"{revision.id}: starting {action.replicas} {revision.runtime} replica(s)")
             return None
         if isinstance(action, WaitReady):
@@ -172,6 +173,18 @@ class RolloutDriver:
         self.log(f"{revision_id}: still busy after {self.drain_timeout_s:.0f} s of draining; retiring it anyway")
 
 
+def cold_start_metadata(cold_start: dict | None) -> dict:
+    """The first replica's cold start, split (the supervisor measured it), as Dagster metadata.
+
+    >>> cold_start_metadata({"time_to_ready_s": 9.5, "image_s": 1.0, "weights_s": 0.5, "engine_s": 8.0,
+    ...                      "bytes_before_ready": 1000, "image_bytes": 4000, "mount": "kernel"})["cold_start_engine_s"]
+    8.0
+    """
+    if not cold_start:
+        return {}
+    return {f"cold_start_{key}": value for key, value in cold_start.items() if value is not None}
+
+
 def canary_plan(spec) -> CanaryPlan | None:
     """The spec's canary phase (None: switch at once)."""
     if spec.rollout.canary_percent <= 0:
@@ -212,6 +225,7 @@ def served_endpoint(
     context: AssetExecutionContext,
     quantized_checkpoint: dict,
     cost_model: dict,
+    serving_image: dict,
     control_plane: ControlPlaneResource,
     registry: RegistryResource,
     cluster: ClusterResource,
@@ -258,8 +272,10 @@ def served_endpoint(
                            "target_concurrency": cost_model["target_concurrency"], "time_to_ready_s": 0.0,
                            "url": f"{control_plane.router_url}/serving-endpoints/{spec.name}/invocations"})
             continue
+        image = serving_image.get("images", {}).get(runtime)  # None: replicas start in place
         revision = revisions.create(spec.name, context.partition_key, checkpoint.model_dir, runtime,
-                                    spec.replica.model_dump(), replicas, details | {"max_replicas_that_fit": fit})
+                                    spec.replica.model_dump(), replicas, details | {"max_replicas_that_fit": fit},
+                                    image=image)
         started = time.monotonic()
         result = _roll_out(driver, revisions, spec.name, revision.id, replicas, current, canary_plan(spec))
         if result.superseded:
@@ -270,7 +286,9 @@ def served_endpoint(
         served.append({"endpoint": spec.name, "revision": revision.id, "previous_revision": result.previous_revision_id,
                        "runtime": runtime, "replicas": replicas, "checkpoint": checkpoint.label,
                        "target_concurrency": cost_model["target_concurrency"], "time_to_ready_s": round(time.monotonic() - started, 1),
-                       "url": f"{control_plane.router_url}/serving-endpoints/{spec.name}/invocations"})
+                       "url": f"{control_plane.router_url}/serving-endpoints/{spec.name}/invocations",
+                       "image": ImageRef.from_json(image).reference if image else None,
+                       "cold_start": revisions.get(revision.id).details.get("cold_start")})
     if not served:
         raise Failure(description=f"every endpoint's alias moved past {model} v{version} during the rollout; "
                                   "nothing changed", allow_retries=False)
@@ -289,5 +307,7 @@ def served_endpoint(
         "target_concurrency": first["target_concurrency"],
         "replicas": first["replicas"],
         "time_to_ready_s": first["time_to_ready_s"],
+        "started_from": first.get("image") or "the model directory, in place",
+        **cold_start_metadata(first.get("cold_start")),
         "endpoints": MetadataValue.json(served),
     })

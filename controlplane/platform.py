@@ -109,6 +109,7 @@ def child_environment(settings: Settings, secrets: Secrets) -> dict[str, str]:
         "MODELPLANE_DAGSTER_PORT": str(settings.ports.dagster_port),
         "MODELPLANE_ADMIN_PORT": str(settings.ports.admin_port),
         "MODELPLANE_ROUTER_PORT": str(settings.ports.router_port),
+        "MODELPLANE_REGISTRY_PORT": str(settings.ports.registry_port),
         "MLFLOW_TRACKING_URI": settings.mlflow_url,
         "DAGSTER_HOME": str(settings.dagster_home),
         "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY": secrets.mlflow_webhook_encryption_key,
@@ -125,9 +126,21 @@ def child_environment(settings: Settings, secrets: Secrets) -> dict[str, str]:
     }
 
 
+def registry_services(settings: Settings) -> list[Service]:
+    """The embedded OCI registry (Debian's docker-registry with a config of ours, on
+    127.0.0.1), unless images are off or ``MODELPLANE_REGISTRY_URL`` names another registry."""
+    if settings.images == "off" or settings.registry_url_override:
+        return []
+    return [Service(name="registry", argv=[sys.executable, "-m", "images.oci.server", "--root", str(settings.registry_dir),
+                                           "--host", settings.host, "--port", str(settings.ports.registry_port)],
+                    healthy=_http_ok(f"{settings.registry_url}/v2/"), url=settings.registry_url,
+                    port=settings.ports.registry_port)]
+
+
 def build_services(settings: Settings) -> list[Service]:
     host, ports = settings.host, settings.ports
     return [
+        *registry_services(settings),
         Service(
             name="mlflow",
             argv=[str(BIN / "mlflow"), "server", "--backend-store-uri", settings.mlflow_backend_uri,

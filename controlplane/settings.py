@@ -34,6 +34,7 @@ class Ports(BaseModel):
     dagster_port: int = Field(3000, ge=1, le=65535, description="Dagster webserver (UI)")
     admin_port: int = Field(8100, ge=1, le=65535, description="modelplane admin API")
     router_port: int = Field(8080, ge=1, le=65535, description="the router: every endpoint's front door")
+    registry_port: int = Field(5050, ge=1, le=65535, description="the embedded OCI registry (serving images)")
 
 
 class Settings(BaseModel):
@@ -47,6 +48,16 @@ class Settings(BaseModel):
     quantize_python: Path = REPO_ROOT / ".venv-quantize" / "bin" / "python"
     routers: int = Field(1, ge=1, le=64, description="Router processes sharing the router port (SO_REUSEPORT).")
     amx: str = "auto"  # MODELPLANE_AMX: "auto" or "off" (serving/runtime/amx.py); replicas read it from the env
+    # Serving images (images/): "lazy" builds one per served version and starts replicas from its
+    # lazily fetched, mounted seekable form where this machine can mount it; "off" builds none and
+    # starts replicas from the model directory and this venv in place.
+    images: str = Field("lazy", pattern="^(lazy|off)$", description="MODELPLANE_IMAGES: lazy | off")
+    registry_url_override: str | None = None  # MODELPLANE_REGISTRY_URL: an OCI registry of your own
+    image_mount: str = Field("auto", pattern="^(auto|kernel|fuse-dir)$",
+                             description="MODELPLANE_IMAGE_MOUNT: auto | kernel (FUSE file + loop + squashfs) | fuse-dir")
+    image_cache_gib: float = Field(20.0, gt=0, description="MODELPLANE_IMAGE_CACHE_GIB: local sector cache bound, per layer")
+    warm_pool: int = Field(1, ge=0, le=16, description="MODELPLANE_WARM_POOL: pre-started runtime processes per "
+                           "runtime kind and environment (0: none)")
 
     @field_validator("amx")
     @classmethod
@@ -69,6 +80,7 @@ class Settings(BaseModel):
             dagster_port=int(env.get("MODELPLANE_DAGSTER_PORT", 3000)),
             admin_port=int(env.get("MODELPLANE_ADMIN_PORT", 8100)),
             router_port=int(env.get("MODELPLANE_ROUTER_PORT", 8080)),
+            registry_port=int(env.get("MODELPLANE_REGISTRY_PORT", 5050)),
         )
         return cls(
             home=home,
@@ -78,6 +90,11 @@ class Settings(BaseModel):
             quantize_python=Path(env.get("MODELPLANE_QUANTIZE_PYTHON", REPO_ROOT / ".venv-quantize" / "bin" / "python")),
             amx=env.get("MODELPLANE_AMX", "auto").strip().lower() or "auto",
             routers=int(env.get("MODELPLANE_ROUTERS", 1)),
+            images=env.get("MODELPLANE_IMAGES", "lazy").strip().lower() or "lazy",
+            registry_url_override=env.get("MODELPLANE_REGISTRY_URL") or None,
+            image_mount=env.get("MODELPLANE_IMAGE_MOUNT", "auto").strip().lower() or "auto",
+            image_cache_gib=float(env.get("MODELPLANE_IMAGE_CACHE_GIB", 20)),
+            warm_pool=int(env.get("MODELPLANE_WARM_POOL", 1)),
         )
 
     # -- derived paths -------------------------------------------------------------------
@@ -106,6 +123,15 @@ class Settings(BaseModel):
         return self.home / "logs"
 
     @property
+    def registry_dir(self) -> Path:
+        return self.home / "registry"
+
+    @property
+    def images_dir(self) -> Path:
+        """Image builds, the environment-layer cache, sector caches and mount points."""
+        return self.home / "images"
+
+    @property
     def secrets_path(self) -> Path:
         return self.home / "secrets.json"
 
@@ -126,6 +152,11 @@ class Settings(BaseModel):
     @property
     def router_url(self) -> str:
         return f"http://{self.host}:{self.ports.router_port}"
+
+    @property
+    def registry_url(self) -> str:
+        """The embedded registry by default; ``MODELPLANE_REGISTRY_URL`` wins when set."""
+        return self.registry_url_override or f"http://{self.host}:{self.ports.registry_port}"
 
     @property
     def admin_url(self) -> str:

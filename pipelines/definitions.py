@@ -12,6 +12,7 @@ from assets.cost_model import cost_model
 from assets.eval_gate import eval_gate
 from assets.quantized_checkpoint import quantized_checkpoint
 from assets.served_endpoint import served_endpoint
+from assets.serving_image import serving_image
 from assets.source_model import source_model
 from controlplane.settings import Settings
 
@@ -19,8 +20,8 @@ DATABASE_URL_ENV = "MODELPLANE_DATABASE_URL"
 from pipelines.cost_sensor import cost_model_sensor
 from pipelines.health import endpoint_health, endpoint_health_sensor, rollback_job
 from pipelines.jobs import cost_model_job, deploy_job
-from pipelines.resources import (ClusterResource, ControlPlaneResource, ModelStoreResource, QuantizerResource,
-                                 RegistryResource)
+from pipelines.resources import (ClusterResource, ControlPlaneResource, ImagesResource, ModelStoreResource,
+                                 QuantizerResource, RegistryResource)
 from pipelines.sensors import registry_sensor, revision_reaper_sensor
 
 
@@ -31,18 +32,25 @@ def database_url(settings: Settings, environ=os.environ):
     return EnvVar(DATABASE_URL_ENV) if environ.get(DATABASE_URL_ENV) else settings.database_url
 
 
-def build_resources(settings: Settings) -> dict:
+# The registry's credentials reach Dagster by name, never as values shown in its UI.
+REGISTRY_CREDENTIALS_ENV = {"username": "MODELPLANE_REGISTRY_USERNAME", "password": "MODELPLANE_REGISTRY_PASSWORD"}
+
+
+def build_resources(settings: Settings, environ=os.environ) -> dict:
     return {
         "control_plane": ControlPlaneResource(database_url=database_url(settings), router_url=settings.router_url),
         "cluster": ClusterResource(backend="local", database_url=database_url(settings)),
         "registry": RegistryResource(tracking_uri=settings.mlflow_tracking_uri),
         "model_store": ModelStoreResource(root_dir=str(settings.models_dir)),
         "quantizer": QuantizerResource(python=str(settings.quantize_python)),
+        "images": ImagesResource(mode=settings.images, registry_url=settings.registry_url,
+                                 work_dir=str(settings.images_dir),
+                                 **{key: EnvVar(env) for key, env in REGISTRY_CREDENTIALS_ENV.items() if environ.get(env)}),
     }
 
 
 defs = Definitions(
-    assets=[source_model, quantized_checkpoint, cost_model, served_endpoint],
+    assets=[source_model, quantized_checkpoint, cost_model, serving_image, served_endpoint],
     asset_checks=[eval_gate, endpoint_health],
     jobs=[deploy_job, cost_model_job, rollback_job],
     sensors=[registry_sensor, revision_reaper_sensor, cost_model_sensor, endpoint_health_sensor],

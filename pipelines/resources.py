@@ -103,3 +103,30 @@ class ModelStoreResource(ConfigurableResource):
 
     def version_dir(self, model: str, version: str, step: str) -> Path:
         return Path(self.root_dir) / model / f"v{version}" / step
+
+
+class ImagesResource(ConfigurableResource):
+    """Serving images (``images/``): where they are pushed and how they are built."""
+
+    mode: str = Field("lazy", pattern="^(lazy|off)$", description="lazy: build each served version's OCI image and "
+                      "its seekable form, and start replicas from it; off: build none, start replicas in place.")
+    registry_url: str = Field("http://127.0.0.1:5050", description="OCI registry (the embedded one by default).")
+    username: str | None = Field(None, description="Registry user (basic auth, or the token service's).")
+    password: str | None = Field(None, description="Registry password or token.")
+    repo_prefix: str = Field("modelplane", description="Repositories are <prefix>/<model>.")
+    work_dir: str = Field(description="Builds and the environment-layer cache, e.g. .modelplane/images.")
+    sector_bytes: int = Field(4 << 20, ge=4096, multiple_of=4096, description="Seekable sector size, bytes.")
+    zstd_level: int = Field(3, ge=1, le=22, description="zstd level of the squashfs blocks and the sectors.")
+    trace_startup: bool = Field(True, description="Record the files the runtime opens while starting (strace) "
+                                "and place them first in each layer.")
+
+    def client(self):
+        from images.oci.client import HttpRegistry
+
+        return HttpRegistry(self.registry_url, username=self.username, password=self.password)
+
+    def settings(self):
+        from images.serving_image import ImageSettings
+
+        return ImageSettings(sector_bytes=self.sector_bytes, zstd_level=self.zstd_level,
+                             trace_startup=self.trace_startup)

@@ -5,11 +5,12 @@
 #   fuse3           fusermount3 and libfuse3: the lazy image's FUSE front ends
 #   strace          records the files a runtime reads while it starts (placed first in the image)
 #   skopeo, umoci   the tests read the OCI image layouts modelplane writes with them
+#   apache2-utils   htpasswd: the tests run the registry with basic auth
 # As root with apt-get, installs what is missing; otherwise prints the command to run.
 set -euo pipefail
 declare -A package_of=(
   [mksquashfs]=squashfs-tools [docker-registry]=docker-registry [fusermount3]=fuse3
-  [strace]=strace [skopeo]=skopeo [umoci]=umoci
+  [strace]=strace [skopeo]=skopeo [umoci]=umoci [htpasswd]=apache2-utils
 )
 missing=()
 for command in "${!package_of[@]}"; do

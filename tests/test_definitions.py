@@ -10,7 +10,7 @@ def test_definitions_validate():
     Definitions.validate_loadable(defs)
 
 
-DEPLOY_ASSETS = {"source_model", "quantized_checkpoint", "cost_model", "served_endpoint"}
+DEPLOY_ASSETS = {"source_model", "quantized_checkpoint", "cost_model", "serving_image", "served_endpoint"}
 
 
 def test_deploy_job_is_exactly_the_deploy_steps_and_the_gate_partitioned_by_model_version():

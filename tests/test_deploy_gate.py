@@ -21,13 +21,14 @@ from assets.cost_model import cost_model
 from assets.eval_gate import eval_gate
 from assets.quantized_checkpoint import quantized_checkpoint
 from assets.served_endpoint import served_endpoint
+from assets.serving_image import serving_image
 from assets.source_model import source_model
 from controlplane import db
 from controlplane.revisions import RevisionStore
 from controlplane.specs import parse_spec
 from controlplane.store import EndpointStore
-from pipelines.resources import (ClusterResource, ControlPlaneResource, ModelStoreResource, QuantizerResource,
-                                 RegistryResource)
+from pipelines.resources import (ClusterResource, ControlPlaneResource, ImagesResource, ModelStoreResource,
+                                 QuantizerResource, RegistryResource)
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -73,13 +74,16 @@ class Deployment:
         self.instance.add_dynamic_partitions("model_versions", [key])
         quantizer = QuantizerResource(python=str(QUANTIZE_PYTHON), **({"worker": str(worker)} if worker else {}))
         return materialize(
-            assets or [source_model, quantized_checkpoint, eval_gate, cost_model, served_endpoint], partition_key=key,
+            assets or [source_model, quantized_checkpoint, eval_gate, cost_model, serving_image, served_endpoint],
+            partition_key=key,
             instance=self.instance, raise_on_error=False,
             resources={"control_plane": ControlPlaneResource(database_url=self.database_url),
                        "cluster": ClusterResource(database_url=self.database_url, memory_gib=memory_gib),
                        "registry": RegistryResource(tracking_uri=self.uri),
                        "model_store": ModelStoreResource(root_dir=str(self.root / "models")),
-                       "quantizer": quantizer})
+                       "quantizer": quantizer,
+                       # started in place here; tests/test_serving_image.py starts replicas from images
+                       "images": ImagesResource(mode="off", work_dir=str(self.root / "images"))})
 
     def champion(self) -> str:
         """The version the spec's alias points at (deploys of other versions serve no endpoint)."""

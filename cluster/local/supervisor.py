@@ -28,7 +28,7 @@ import socket
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -39,12 +39,18 @@ from sqlalchemy.orm import Session
 
 from cluster.local.backend import ACTIVE_STATES
 from controlplane.backoff import restart_delay_s  # noqa: F401 - also used by the tests from here
+from controlplane.revisions import RevisionStore
 from controlplane.routers import RouterStore
+from controlplane.settings import REPO_ROOT
 from controlplane.schema import ReplicaRow, RevisionRow
 from controlplane.store import utc_now
 from cluster.local.adoption import AdoptedProcess, healthy, replica_process
+from cluster.local.cold_start import cold_start_split, launch_from_image
+from cluster.local.warm_pool import WarmPool
+from images.mounts import ImageMounts, MountedImage
+from images.ref import ImageRef
 from cluster.replica_plan import plan
-from serving.runtime.base import ReplicaRuntime, RuntimeConfig
+from serving.runtime.base import ReplicaLaunch, ReplicaRuntime, RuntimeConfig
 from serving.runtime.liveness import LivenessConfig, LivenessState, Verdict, decide
 from serving.runtime.process import replica_environment
 from serving.runtime.registry import runtime_for
@@ -102,7 +108,8 @@ class ManagedReplica:
     """One replica's life: start, get ready, stay alive, restart — on its own thread."""
 
     def __init__(self, replica_id: str, revision: RevisionRow, runtime: ReplicaRuntime, engine: Engine,
-                 logs_dir: Path, config: SupervisorConfig) -> None:
+                 logs_dir: Path, config: SupervisorConfig, mounts: ImageMounts | None = None,
+                 pool: WarmPool | None = None) -> None:
         self.replica_id = replica_id
         self.revision_id = revision.id
         self.model_dir = Path(revision.model_dir)
@@ -118,6 +125,13 @@ class ManagedReplica:
         self.port = 0
         self.restarts = 0
         self._thread = threading.Thread(target=self._run, name=f"replica-{replica_id}", daemon=True)
+        # A revision with a serving image starts from its mounted layers (images.mounts); without
+        # mounts (images off, or no FUSE here) it starts from the model directory in place.
+        self.image = ImageRef.from_json(revision.image) if revision.image else None
+        self._mounts = mounts if self.image is not None else None
+        self._mounted: MountedImage | None = None
+        self._pool = pool  # pre-started runtime processes; None: every start is cold
+        self._warm_start = False
 
     def adopt(self, process: AdoptedProcess, port: int, restarts: int) -> None:
         """Before :meth:`start`: watch this running, ready process as the replica's first life."""
@@ -161,6 +175,14 @@ class ManagedReplica:
 
     # -- the replica's life ---------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._lives()
+        finally:
+            if self._mounted is not None:
+                self._mounts.release(self.image)
+                self._mounted = None
+
+    def _lives(self) -> None:
         while not self._stop.is_set():
             try:
                 error = self._one_life()
@@ -180,19 +202,22 @@ class ManagedReplica:
         if self._adopted is not None:
             return self._adopted_life()
         self.port = free_port(self._config.host)
-        launch = self.runtime.command(self.model_dir, self._config.host, self.port, self.runtime_config)
+        started = time.monotonic()
+        launch = self._launch()
+        # a fresh mount's fetches (index, prefetch) are part of this start; a shared one's are not
+        fetched_before = self._mounts.fetch_stats(self.image) if self._mounted and not self._mounted.mount_s else {}
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self._process_lock, self._log_path.open("ab") as log_file:
+        with self._process_lock:
             if self._stop.is_set():
                 return "stopped"
-            self._process = subprocess.Popen(launch.argv, env=replica_environment(launch.env), stdout=log_file,
-                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             start_new_session=True)
+            self._process = self._start_process(launch)
         error = "stopped"
         try:
             self._write("starting", None)
             error = self._wait_ready()
             if error is None and not self._stop.is_set():
+                if self._mounted is not None:
+                    self._record_cold_start(time.monotonic() - started, fetched_before)
                 self._write("ready", None)
                 error = self._stay_alive()
             return error or "stopped"
@@ -200,6 +225,45 @@ class ManagedReplica:
             if not self._stop.is_set():
                 self._write("unhealthy", error)  # out of the router's table before the process goes
                 kill_group(self._process, grace_s=5.0)
+
+    def _start_process(self, launch: ReplicaLaunch) -> subprocess.Popen:
+        """A warm runtime process from the pool where one fits, else a cold one (own session, output to the log)."""
+        if self._pool is not None:
+            started = self._pool.start(self.runtime.name, launch, self._log_path)
+            self._warm_start = started.warm
+            if not started.warm:
+                log.info("replica %s: cold start (%s)", self.replica_id, started.reason)
+            return started.process
+        with self._log_path.open("ab") as log_file:
+            return subprocess.Popen(launch.argv, env=replica_environment(launch.env), stdout=log_file,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def _launch(self) -> ReplicaLaunch:
+        """The runtime's launch: from the mounted image where the revision has one and it mounts."""
+        if self._mounts is not None and self._mounted is None:
+            try:
+                self._mounted = self._mounts.acquire(self.image)
+            except Exception as exc:  # noqa: BLE001 - serving in place beats not serving
+                log.warning("replica %s: image %s did not mount (%s); starting from %s in place",
+                            self.replica_id, self.image.reference, exc, self.model_dir)
+                self._mounts = None
+        if self._mounted is None:
+            return self.runtime.command(self.model_dir, self._config.host, self.port, self.runtime_config)
+        launch = self.runtime.command(self._mounted.model_dir, self._config.host, self.port, self.runtime_config)
+        return launch_from_image(launch, self._mounted, REPO_ROOT)
+
+    def _record_cold_start(self, total_s: float, fetched_before: dict) -> None:
+        """How this start split into image, weights and engine (revision details: served_endpoint reports it)."""
+        split = cold_start_split(total_s, self._mounted.mount_s, fetched_before, self._mounts.fetch_stats(self.image),
+                                 sum(layer.data_bytes for layer in self.image.layers), self._mounted.mode,
+                                 self._warm_start)
+        self._mounted = replace(self._mounted, mount_s=0.0)  # a restart finds the layers mounted
+        self._mounts.ready(self.image)
+        try:
+            RevisionStore(self._engine).add_details(self.revision_id, cold_start=split,
+                                                    started_from=self.image.reference)
+        except (KeyError, OperationalError) as exc:
+            log.warning("replica %s: cold start not recorded: %s", self.replica_id, exc)
 
     def _adopted_life(self) -> str:
         """The process a previous supervisor started: already ready, so straight to watching it."""
@@ -303,10 +367,13 @@ def retiring_ids(revisions: dict[str, RevisionRow]) -> dict[str, list[str]]:
 
 
 class Supervisor:
-    def __init__(self, engine: Engine, logs_dir: Path, config: SupervisorConfig = SupervisorConfig()) -> None:
+    def __init__(self, engine: Engine, logs_dir: Path, config: SupervisorConfig = SupervisorConfig(),
+                 mounts: ImageMounts | None = None, pool: WarmPool | None = None) -> None:
         self._engine = engine
         self._logs_dir = logs_dir
         self._config = config
+        self.mounts = mounts  # None: every replica starts in place (images off)
+        self.pool = pool  # None: every replica process starts cold
         self.replicas: dict[str, ManagedReplica] = {}
 
     def reconcile_once(self) -> None:
@@ -327,7 +394,7 @@ class Supervisor:
             revision = revisions[replica_id.rsplit("-", 1)[0]]
             try:
                 managed = ManagedReplica(replica_id, revision, runtime_for(revision.runtime), self._engine,
-                                         self._logs_dir, self._config)
+                                         self._logs_dir, self._config, self.mounts, self.pool)
             except (KeyError, TypeError, ValueError) as exc:  # one bad revision must not block the others
                 log.error("revision %s cannot start: %s", revision.id, exc)
                 continue
@@ -345,8 +412,11 @@ class Supervisor:
             revisions = {row.id: row for row in session.scalars(select(RevisionRow))}
             rows = list(session.scalars(select(ReplicaRow)))
         alive = {row.id: replica_process(row.pid, row.port) for row in rows}
+        # A replica started from a serving image read it through the previous supervisor's mount
+        # daemons, which went with it: it is started again, not adopted.
         healthy_ids = {row.id for row in rows if alive[row.id] and row.state == "ready"
-                       and row.revision_id in revisions and healthy(f"http://{row.host}:{row.port}")}
+                       and row.revision_id in revisions and not revisions[row.revision_id].image
+                       and healthy(f"http://{row.host}:{row.port}")}
         _, surplus = plan(desired_counts(revisions), healthy_ids, retiring_ids(revisions))
         for row in rows:
             if row.id in healthy_ids and row.id not in surplus:
@@ -383,6 +453,10 @@ class Supervisor:
     def stop_all(self) -> None:
         self._stop_in_parallel(list(self.replicas.values()))
         self.replicas.clear()
+        if self.pool is not None:
+            self.pool.close()
+        if self.mounts is not None:
+            self.mounts.close()
 
     @staticmethod
     def _stop_in_parallel(replicas: list[ManagedReplica]) -> None:
@@ -395,6 +469,7 @@ class Supervisor:
 
 
 def main() -> None:
+    from cluster.local.startup import image_mounts, warm_pool
     from controlplane.db import make_engine, upgrade
     from controlplane.settings import Settings
 
@@ -406,7 +481,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     supervisor = Supervisor(make_engine(settings.database_url), settings.logs_dir / "replicas",
-                            SupervisorConfig(host=settings.host))
+                            SupervisorConfig(host=settings.host), image_mounts(settings), warm_pool(settings))
     log.info("supervisor running")
     supervisor.run(stop)
 

@@ -80,7 +80,11 @@ class FuseProcess:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
         handle, stderr_name = tempfile.mkstemp(prefix="modelplane-fuse-", suffix=".log")
         try:
-            child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=handle, env=env)
+            # A session of its own: a signal to the parent's process group (Ctrl-C, `modelplane up`
+            # stopping its services) must not end the daemon before the parent has unmounted what
+            # sits on it (squashfs, then the loop device); the parent stops it last.
+            child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=handle, env=env,
+                                     start_new_session=True)
         finally:
             os.close(handle)
         process = cls(child, mountpoint, mode, Path(stderr_name), config)

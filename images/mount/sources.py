@@ -7,7 +7,8 @@ object. Kinds:
   ``"unreadable_ranges": [[offset, length], ...]`` makes those bytes answer EIO, so the
   failure path of every front end can be drilled end to end, kernel included.
 - ``{"kind": "registry", "url", "repo", "index_digest", "cache_root", "max_cache_bytes"?,
-  "prefetch"?, "fill"?}``: the lazy fetcher over an OCI registry (``fill``: now | signal | off). Credentials come from the
+  "prefetch"?, "fill"?, "max_request_bytes"?}``: the lazy fetcher over an OCI registry
+  (``prefetch``: wait | background (true) | false; ``fill``: now | signal | off). Credentials come from the
   environment (``MODELPLANE_REGISTRY_USERNAME`` / ``_PASSWORD``), never from the spec, which
   shows up in ``ps``.
 """
@@ -84,11 +85,19 @@ def _open_registry(spec: dict) -> BlockSource:
     registry = HttpRegistry(spec["url"], username=os.environ.get(USERNAME_ENV), password=os.environ.get(PASSWORD_ENV))
     max_cache_bytes = spec.get("max_cache_bytes")
     image = open_lazy(registry, spec["repo"], spec["index_digest"], Path(spec["cache_root"]),
-                      max_cache_bytes=None if max_cache_bytes is None else int(max_cache_bytes))
-    if spec.get("prefetch"):
-        # The start-up set first, before the mount appears (a mount that then stalls on its
-        # first reads helps no one).
-        image.prefetch(image.index.prefetch, wait=True)
+                      max_cache_bytes=None if max_cache_bytes is None else int(max_cache_bytes),
+                      # 8 MiB runs: a start-up read waits for its own sectors, not for 32 MiB
+                      # merged behind them on a slow link
+                      max_request_bytes=int(spec.get("max_request_bytes", 8 << 20)))
+    prefetch = spec.get("prefetch", False)
+    if prefetch not in (True, False, "wait", "background"):
+        raise ValueError(f"prefetch must be wait, background or false, not {prefetch!r}")
+    if prefetch:
+        # The start-up set, in the order the runtime read it: "wait" fetches it before the mount
+        # appears; "background" (true) mounts at once and streams it while the runtime starts,
+        # so the link and the CPU work at the same time (the runtime's reads wait only for
+        # sectors not there yet, never fetch one twice).
+        image.prefetch(image.index.prefetch, wait=prefetch == "wait")
     # Then everything else, in the background: at once ("now"), when the daemon is sent
     # SIGUSR2 ("signal": the supervisor sends it once the replica is ready, so the fill does not
     # compete with the start-up reads for the link), or never ("off").
