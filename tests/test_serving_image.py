@@ -21,7 +21,6 @@ import pytest
 from images.mount.system import fuse_available
 from images.oci.client import HttpRegistry
 from images.oci.layout import pull_image
-from images.ref import ImageRef
 from images.seekable.artifact import find_seekable
 from tests.oci_fixtures import embedded_registry  # noqa: F401 - a fixture
 
