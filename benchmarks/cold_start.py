@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import shutil
 import statistics
 import subprocess
@@ -49,6 +50,7 @@ from images.ref import ENV_MOUNT, MODEL_MOUNT, ImageRef
 from serving.runtime.base import ReplicaLaunch, RuntimeConfig
 from serving.runtime.process import free_port, replica_environment, stop_server_session
 from serving.runtime.registry import runtime_for
+from serving.runtime.vllm_runtime import VllmRuntime, VllmSettings
 
 HEADLINE = Link(200, 10)
 LINKS = [Link(mbit, ms) for mbit in (50, 200, 1000) for ms in (1, 10, 50)]
@@ -66,7 +68,8 @@ class Bench:
     runs: int = 0
 
     def launch(self, model_dir: Path, port: int) -> ReplicaLaunch:
-        return runtime_for("vllm").command(model_dir, "127.0.0.1", port, self.runtime_config)
+        # the KV cache fixed at 2 GiB: every scenario allocates the same, whatever else holds memory
+        return VllmRuntime(VllmSettings(kv_cache_max_gib=2)).command(model_dir, "127.0.0.1", port, self.runtime_config)
 
     def first_inference(self, launch: ReplicaLaunch, model_dir: Path, port: int, start=None) -> float:
         """Seconds from now until the replica answered its warm-up request; the replica is stopped after."""
@@ -116,14 +119,18 @@ class Bench:
         shutil.rmtree(dest, ignore_errors=True)
         return result
 
-    def lazy(self, *, prefetch: str, warm_cache: bool = False, pool=None) -> dict:
+    def lazy(self, *, prefetch: str, warm_cache: bool = False, warm_pool: bool = False) -> dict:
         root = self.work / ("runtime-warm" if warm_cache else "runtime-cold")
         if not warm_cache:
             shutil.rmtree(root, ignore_errors=True)
         mounts = ImageMounts(root, MountsConfig(prefetch=prefetch, fill="off"))
         try:
-            if pool is not None:  # the node has this image mounted and a zygote idle for it
+            if warm_pool:  # the node has this image mounted and a zygote idle for it
+                from cluster.local.warm_pool import WarmPool, WarmPoolConfig
+
                 mounted = mounts.acquire(self.image)
+                # a pool of this mount's own: a zygote outliving the mount it runs from dies of SIGBUS
+                pool = WarmPool(WarmPoolConfig(size_per_kind=1, refill_delay_s=3600, log_dir=self.work / "zygotes"))
                 port = free_port()
                 launch = launch_from_image(self.launch(mounted.model_dir, port), mounted, REPO_ROOT)
                 zygote = _ready_zygote(pool, launch)
@@ -131,6 +138,7 @@ class Bench:
                 started = time.monotonic()
                 ready_s = self.first_inference(launch, mounted.model_dir, port,
                                                start=lambda launch, log_path: zygote.assign(launch, log_path))
+                pool.close()
                 return {"seconds": time.monotonic() - started, "mount_s": 0.0, "engine_s": ready_s,
                         "bytes": self.proxy.bytes_down, "requests": self.proxy.requests}
             self.proxy.reset_counters()
@@ -161,7 +169,6 @@ def _ready_zygote(pool, launch: ReplicaLaunch, timeout_s: float = 600.0):
 
 
 def run(links: list[Link], repeats: int, work: Path, log=print) -> dict:
-    from cluster.local.warm_pool import WarmPool, WarmPoolConfig
     from demo.smollm2 import build_smollm2_checkpoint
     from images.serving_image import build_serving_image
 
@@ -174,28 +181,27 @@ def run(links: list[Link], repeats: int, work: Path, log=print) -> dict:
         host, port = registry.url.split("://")[1].split(":")
         with ThrottlingProxy(host, int(port), HEADLINE) as proxy:
             bench = Bench(work, proxy, dataclasses.replace(image, registry=proxy.url), RuntimeConfig(model_name="bench"))
-            pool = WarmPool(WarmPoolConfig(size_per_kind=1, refill_delay_s=0.0, log_dir=work / "zygotes"))
-            try:
-                proxy.set_link(Link(10_000, 0))
-                log("priming the warm cache")
-                bench.lazy(prefetch="background", warm_cache=True)
-                runs = {"full_pull": bench.full_pull, "lazy": lambda: bench.lazy(prefetch="off"),
-                        "lazy_prefetch": lambda: bench.lazy(prefetch="background"),
-                        "lazy_prefetch_first": lambda: bench.lazy(prefetch="wait"),
-                        "warm_cache": lambda: bench.lazy(prefetch="background", warm_cache=True),
-                        "warm_cache_warm_pool": lambda: bench.lazy(prefetch="background", warm_cache=True, pool=pool)}
-                points = {}
-                for link in links:
-                    proxy.set_link(link)
-                    names = SCENARIOS if link == HEADLINE else ("full_pull", "lazy_prefetch")
-                    results = {name: [] for name in names}
-                    for repeat in range(repeats):
-                        for name in names if repeat % 2 == 0 else tuple(reversed(names)):
-                            log(f"{link.label()}: {name}, run {repeat + 1}/{repeats}")
-                            results[name].append(runs[name]())
-                    points[link.label()] = results
-            finally:
-                pool.close()
+            proxy.set_link(Link(10_000, 0))
+            log("priming the warm cache")
+            bench.lazy(prefetch="background", warm_cache=True)
+            runs = {"full_pull": bench.full_pull, "lazy": lambda: bench.lazy(prefetch="off"),
+                    "lazy_prefetch": lambda: bench.lazy(prefetch="background"),
+                    "lazy_prefetch_first": lambda: bench.lazy(prefetch="wait"),
+                    "warm_cache": lambda: bench.lazy(prefetch="background", warm_cache=True),
+                    "warm_cache_warm_pool": lambda: bench.lazy(prefetch="background", warm_cache=True, warm_pool=True)}
+            points = {}
+            for link in links:
+                proxy.set_link(link)
+                names = SCENARIOS if link == HEADLINE else ("full_pull", "lazy_prefetch")
+                results = {name: [] for name in names}
+                for repeat in range(repeats):
+                    for name in names if repeat % 2 == 0 else tuple(reversed(names)):
+                        log(f"{link.label()}: {name}, run {repeat + 1}/{repeats}")
+                        results[name].append(runs[name]())
+                        with (work / "runs.jsonl").open("a") as record:  # kept if a later run fails
+                            record.write(json.dumps({"link": link.label(), "scenario": name,
+                                                     **results[name][-1]}) + "\n")
+                points[link.label()] = results
     return {"image": image, "facts": facts, "points": points}
 
 

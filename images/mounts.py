@@ -134,11 +134,13 @@ class ImageMounts:
         mount_s = round(time.monotonic() - started, 3) if fresh else 0.0
         return MountedImage(image, dirs["env"], dirs["model"], self.mode, mount_s, dirs)
 
-    def release(self, image: ImageRef) -> None:
+    def release(self, image: ImageRef) -> bool:
+        """One user fewer; True when that unmounted a layer (anything running from it must go)."""
         with self._lock:
-            self._release_keys([self._key(image, layer) for layer in image.layers])
+            return self._release_keys([self._key(image, layer) for layer in image.layers])
 
-    def _release_keys(self, keys: list[str]) -> None:
+    def _release_keys(self, keys: list[str]) -> bool:
+        unmounted = False
         for key in keys:
             mounted = self._mounted.get(key)
             if mounted is None:
@@ -147,6 +149,8 @@ class ImageMounts:
             if mounted.users <= 0:
                 del self._mounted[key]
                 self._unmount(mounted)
+                unmounted = True
+        return unmounted
 
     def ready(self, image: ImageRef) -> None:
         """A replica from this image is ready: start filling the rest of its layers (fill: ready)."""

@@ -286,6 +286,18 @@ def test_a_zygote_killed_while_idle_is_replaced(pool, probe, tmp_path):
     assert gone(first) and second != first
 
 
+def test_a_forgotten_key_loses_its_idle_zygotes_and_is_not_refilled(pool, probe, tmp_path):
+    """The supervisor forgets a key when the image its interpreter ran from is unmounted."""
+    launch = probe(tmp_path / "r.json")
+    key = PoolKey.for_launch("probe", launch)
+    pool.warm(key, launch.env)
+    [zygote] = wait_for(lambda: ready_pids(pool, key), 60, "a ready zygote")
+    pool.forget(key)
+    assert gone(zygote)
+    pool.reconcile()
+    assert key not in pool.idle()
+
+
 def test_close_leaves_no_process(probe, tmp_path):
     pool = WarmPool(WarmPoolConfig(size_per_kind=2, refill_delay_s=0.0, poll_interval_s=0.1,
                                    log_dir=tmp_path / "zygotes"), kinds={"probe": PROBE_KIND})

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from cluster.local.adoption import AdoptedProcess
 from cluster.local.cold_start import cold_start_split, launch_from_image
-from cluster.local.warm_pool import WarmPool
+from cluster.local.warm_pool import PoolKey, WarmPool
 from controlplane.backoff import restart_delay_s
 from controlplane.revisions import RevisionStore
 from controlplane.routers import RouterStore
@@ -165,7 +165,9 @@ class ManagedReplica:
             self._lives()
         finally:
             if self._mounted is not None:
-                self._mounts.release(self.image)
+                python = os.path.abspath(self._mounted.python)
+                if self._mounts.release(self.image) and self._pool is not None:
+                    self._pool.forget(PoolKey(self.runtime.name, python))  # its zygotes ran from the mount
                 self._mounted = None
 
     def _lives(self) -> None:

@@ -355,6 +355,18 @@ class WarmPool:
                                              state.failures)
             return chosen
 
+    def forget(self, key: PoolKey) -> None:
+        """Stop keeping ``key`` warm and kill its idle zygotes: its interpreter is going away
+        (the image it runs from was unmounted; a zygote mapped from it would die of SIGBUS
+        the moment it ran)."""
+        with self._lock:
+            self._wanted.pop(key, None)
+            stale = [z for z in self._zygotes.values() if z.key == key]
+            for zygote in stale:
+                del self._zygotes[zygote.id]
+        for zygote in stale:
+            zygote.kill()
+
     def warm(self, key: PoolKey, launch_env: Mapping[str, str] | None = None) -> None:
         """Keep ``key`` warm from now on, for replicas whose launch adds ``launch_env`` (default: nothing)."""
         self._want(key, launch_env or {}, now=True)
