@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from images.mount.foreign import ForeignMount
 from images.mount.front_ends import MountConfig, choose_mode
 from images.mount.kernel import LoopMount, LoopMountConfig
 from images.mount.process import FuseProcess
@@ -44,17 +45,23 @@ class MountsConfig:
 
 @dataclass
 class _Mounted:
-    layer: LayerRef
     target: Path
-    handle: LoopMount | FuseProcess
+    handle: LoopMount | FuseProcess | ForeignMount  # ForeignMount: left by a previous supervisor
     stats_file: Path
     mode: str
     users: int = 0
     filling: bool = False
 
-    @property
-    def daemon(self) -> FuseProcess:
-        return self.handle.fuse if isinstance(self.handle, LoopMount) else self.handle
+    def running(self) -> bool:
+        if isinstance(self.handle, ForeignMount):
+            return self.handle.running()
+        return (self.handle.fuse if isinstance(self.handle, LoopMount) else self.handle).running()
+
+    def send_signal(self, sig: int) -> None:
+        if isinstance(self.handle, ForeignMount):
+            self.handle.send_signal(sig)
+        elif self.running():
+            (self.handle.fuse if isinstance(self.handle, LoopMount) else self.handle).child.send_signal(sig)
 
 
 @dataclass(frozen=True)
@@ -82,23 +89,38 @@ class ImageMounts:
         self._lock = threading.Lock()
         for directory in ("mnt", "private", "stats", "cache"):
             (self.root / directory).mkdir(parents=True, exist_ok=True)
-        self.sweep()
-
-    def sweep(self) -> list[str]:
-        """Take down what a supervisor that crashed or was killed left mounted under ``root``:
-        the squashfs mounts, the loop devices on FUSE files, the FUSE mounts. Returns what it did."""
-        done = []
+        # what a previous supervisor left mounted: replicas may still read from it (adopted, or
+        # taken down by sweep() once the supervisor has adopted its replicas)
         for target in sorted((self.root / "mnt").iterdir()):
             if mounted_at(target):
-                unmount(target, fuse=False, busy_grace_s=1.0)
-                done.append(f"unmounted {target}")
+                self._mounted[target.name] = _Mounted(target, ForeignMount(target),
+                                                      self.root / "stats" / f"{target.name}.json", "adopted")
+
+    def mounted(self, image: ImageRef) -> bool:
+        """Whether every layer of ``image`` is mounted (by this supervisor or the previous one)."""
+        with self._lock:
+            return all(self._key(image, layer) in self._mounted for layer in image.layers)
+
+    def sweep(self) -> list[str]:
+        """Take down what a supervisor that crashed or was killed left mounted under ``root`` and
+        no adopted replica uses: the squashfs mounts, the loop devices on FUSE files, the FUSE
+        mounts. Call it once the replicas were adopted. Returns what it did."""
+        done = []
+        with self._lock:
+            unused = [key for key, m in self._mounted.items() if isinstance(m.handle, ForeignMount) and m.users <= 0]
+            left = [self._mounted.pop(key) for key in unused]
+        for mounted in left:
+            self._unmount(mounted)
+            done.append(f"unmounted {mounted.target}")
+        in_use = {str(m.handle.fuse_dir) for m in self._mounted.values() if isinstance(m.handle, ForeignMount)}
+        in_use |= {str(m.handle.private_dir) for m in self._mounted.values() if isinstance(m.handle, LoopMount)}
         private = str(self.root / "private") + "/"
         for device, backing in attached_loop_devices().items():
-            if backing.startswith(private):
+            if backing.startswith(private) and str(Path(backing).parent) not in in_use:
                 subprocess.run(["losetup", "-d", device], capture_output=True, check=False)
                 done.append(f"detached {device}")
         for directory in sorted((self.root / "private").iterdir()):
-            if mounted_at(directory):
+            if mounted_at(directory) and str(directory) not in in_use:
                 unmount(directory, fuse=True, busy_grace_s=1.0)
                 done.append(f"unmounted {directory}")
         for line in done:
@@ -107,7 +129,8 @@ class ImageMounts:
 
     @staticmethod
     def _key(image: ImageRef, layer: LayerRef) -> str:
-        return f"{image.registry}/{image.repo}@{layer.data_digest}"
+        """The layer's mount point name: its role and data digest (the same bytes from any registry)."""
+        return f"{layer.role}-{layer.data_digest.split(':', 1)[1][:20]}"
 
     def acquire(self, image: ImageRef) -> MountedImage:
         """Mount the image's layers (or take the mounts already there); check its interpreter."""
@@ -159,8 +182,8 @@ class ImageMounts:
         with self._lock:
             for layer in image.layers:
                 mounted = self._mounted.get(self._key(image, layer))
-                if mounted is not None and not mounted.filling and mounted.daemon.running():
-                    mounted.daemon.child.send_signal(FILL_SIGNAL)
+                if mounted is not None and not mounted.filling and mounted.running():
+                    mounted.send_signal(FILL_SIGNAL)
                     mounted.filling = True
 
     def fetch_stats(self, image: ImageRef) -> dict[str, dict]:
@@ -170,7 +193,7 @@ class ImageMounts:
         before = {role: _mtime(m.stats_file) for role, m in mounts.items() if m is not None}
         for mounted in mounts.values():
             if mounted is not None:
-                mounted.daemon.request_stats()
+                mounted.send_signal(signal.SIGUSR1)
         deadline = time.monotonic() + self.config.stats_timeout_s
         out = {}
         for role, mounted in mounts.items():
@@ -193,9 +216,9 @@ class ImageMounts:
 
     # -- one layer ----------------------------------------------------------------------------
     def _mount(self, image: ImageRef, layer: LayerRef) -> _Mounted:
-        name = layer.data_digest.split(":", 1)[1][:20]
-        target = self.root / "mnt" / f"{layer.role}-{name}"
-        stats_file = self.root / "stats" / f"{layer.role}-{name}.json"
+        name = self._key(image, layer)
+        target = self.root / "mnt" / name
+        stats_file = self.root / "stats" / f"{name}.json"
         target.mkdir(exist_ok=True)
         stats_file.unlink(missing_ok=True)
         spec = {"kind": "registry", "url": image.registry, "repo": image.repo, "index_digest": layer.index_digest,
@@ -209,11 +232,11 @@ class ImageMounts:
             handle = FuseProcess.start("dir", spec, target, config=self.mount_config.fuse_dir, stats_file=stats_file)
         log.info("mounted %s layer of %s at %s (%s, %.1f s)", layer.role, image.reference, target, self.mode,
                  time.monotonic() - started)
-        return _Mounted(layer, target, handle, stats_file, self.mode)
+        return _Mounted(target, handle, stats_file, self.mode)
 
     def _unmount(self, mounted: _Mounted) -> None:
         try:
-            mounted.handle.close() if isinstance(mounted.handle, LoopMount) else mounted.handle.stop()
+            mounted.handle.stop() if isinstance(mounted.handle, FuseProcess) else mounted.handle.close()
         except Exception:  # noqa: BLE001 - one stuck mount must not keep the others mounted
             log.exception("unmounting %s failed", mounted.target)
         else:

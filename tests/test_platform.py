@@ -250,10 +250,12 @@ def service_process(platform, module: str) -> psutil.Process | None:
 
 
 def pyfunc_pids() -> set[int]:
+    """The pyfunc replicas' processes (not the warm pool's idle zygotes, which go with their supervisor)."""
     pids = set()
     for process in psutil.process_iter():
         try:
-            if "serving.runtime.pyfunc" in " ".join(process.cmdline()):
+            cmdline = " ".join(process.cmdline())
+            if "serving.runtime.pyfunc" in cmdline and "serving.runtime.zygote" not in cmdline:
                 pids.add(process.pid)
         except psutil.Error:
             continue

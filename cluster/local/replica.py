@@ -120,8 +120,11 @@ class ManagedReplica:
         self._warm_start = False
 
     def adopt(self, process: AdoptedProcess, port: int, restarts: int) -> None:
-        """Before :meth:`start`: watch this running, ready process as the replica's first life."""
+        """Before :meth:`start`: watch this running, ready process as the replica's first life
+        (and count it as a user of the image mounts it reads, which the previous supervisor left)."""
         self._adopted, self.port, self.restarts = process, port, restarts
+        if self._mounts is not None:
+            self._mounted = self._mounts.acquire(self.image)
 
     def start(self) -> None:
         self._thread.start()

@@ -40,6 +40,7 @@ from cluster.replica_plan import plan
 from controlplane.backoff import restart_delay_s  # noqa: F401 - also used by the tests from here
 from controlplane.schema import ReplicaRow, RevisionRow
 from images.mounts import ImageMounts
+from images.ref import ImageRef
 from serving.runtime.registry import runtime_for
 
 log = logging.getLogger("modelplane.supervisor")
@@ -101,10 +102,10 @@ class Supervisor:
             revisions = {row.id: row for row in session.scalars(select(RevisionRow))}
             rows = list(session.scalars(select(ReplicaRow)))
         alive = {row.id: replica_process(row.pid, row.port) for row in rows}
-        # A replica started from a serving image read it through the previous supervisor's mount
-        # daemons, which went with it: it is started again, not adopted.
+        # A replica started from a serving image reads it through mount daemons that outlive a
+        # killed supervisor (sessions of their own): it is adopted when its layers are still mounted.
         healthy_ids = {row.id for row in rows if alive[row.id] and row.state == "ready"
-                       and row.revision_id in revisions and not revisions[row.revision_id].image
+                       and row.revision_id in revisions and self._image_still_mounted(revisions[row.revision_id])
                        and healthy(f"http://{row.host}:{row.port}")}
         _, surplus = plan(desired_counts(revisions), healthy_ids, retiring_ids(revisions))
         for row in rows:
@@ -112,7 +113,7 @@ class Supervisor:
                 revision = revisions[row.revision_id]
                 try:
                     managed = ManagedReplica(row.id, revision, runtime_for(revision.runtime), self._engine,
-                                             self._logs_dir, self._config)
+                                             self._logs_dir, self._config, self.mounts, self.pool)
                     managed.adopt(AdoptedProcess(row.pid), row.port, row.restarts)
                 except (KeyError, TypeError, ValueError, psutil.Error) as exc:
                     log.error("replica %s cannot be adopted: %s", row.id, exc)
@@ -128,6 +129,13 @@ class Supervisor:
                     pass
             with Session(self._engine) as session, session.begin():
                 session.execute(delete(ReplicaRow).where(ReplicaRow.id == row.id))
+        if self.mounts is not None:
+            self.mounts.sweep()  # what the previous supervisor left mounted and no adopted replica reads
+
+    def _image_still_mounted(self, revision: RevisionRow) -> bool:
+        if not revision.image:
+            return True
+        return self.mounts is not None and self.mounts.mounted(ImageRef.from_json(revision.image))
 
     def run(self, stop: threading.Event) -> None:
         self.adopt_previous_run()
