@@ -268,6 +268,12 @@ class Platform:
                 _signal_group(service.process, signal.SIGKILL)
                 service.process.wait()
             service.process = None
+        # a supervisor killed before it unmounted leaves its image mounts (their daemons have
+        # sessions of their own): take them down, and their daemons exit by themselves
+        from images.mounts import sweep_leftovers
+
+        for line in sweep_leftovers(self.settings.images_dir / "runtime"):
+            self._log(f"took down {line.removeprefix('unmounted ').removeprefix('detached ')} left by the supervisor")
         _, alive = psutil.wait_procs(descendants, timeout=5)
         for proc in alive:
             try:

@@ -252,3 +252,11 @@ def _mtime(path: Path) -> int:
     except OSError:
         return 0
 
+
+
+def sweep_leftovers(root: Path) -> list[str]:
+    """Take down whatever is still mounted under a mounts ``root`` (a supervisor that was killed
+    before it could unmount): what ``modelplane up`` does after its services stopped."""
+    if not (Path(root) / "mnt").is_dir():
+        return []
+    return ImageMounts(Path(root)).sweep()

@@ -68,6 +68,9 @@ def platform(tmp_path_factory):
             for child in psutil.Process(running.process.pid).children(recursive=True):
                 child.kill()
             running.process.kill()
+        from images.mounts import sweep_leftovers
+
+        sweep_leftovers(running.home / "images" / "runtime")  # the killed supervisor's image mounts
 
 
 def test_up_prints_the_urls_and_every_service_answers(platform):
