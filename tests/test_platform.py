@@ -68,6 +68,13 @@ def platform(tmp_path_factory):
             for child in psutil.Process(running.process.pid).children(recursive=True):
                 child.kill()
             running.process.kill()
+        # replicas a restarted supervisor adopted are nobody's children: found by their paths
+        for process in psutil.process_iter():
+            try:
+                if str(running.home) in " ".join(process.cmdline()):
+                    process.kill()
+            except psutil.Error:
+                continue
         from images.mounts import sweep_leftovers
 
         sweep_leftovers(running.home / "images" / "runtime")  # the killed supervisor's image mounts
