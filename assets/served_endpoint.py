@@ -31,10 +31,10 @@ from assets.rollout import (Canary, CanaryPlan, CanaryVerdict, Drain, Retire, Ro
                             Superseded, WaitReady, rollout)
 from assets.source_model import DEPLOY_RETRIES, model_versions
 from cluster.capacity import Capacity, CapacityError, check_min_replicas, model_bytes, replica_memory_bytes
-from cluster.protocol import Cluster, RevisionSpec
+from cluster.protocol import Cluster
 from images.ref import ImageRef
 from autoscale.controller.sources import router_loads
-from controlplane.revisions import RevisionStore, TrafficChanged
+from controlplane.revisions import RevisionStore, TrafficChanged, revision_spec
 from controlplane.routers import RouterStore
 from controlplane.splits import SplitStore
 from controlplane.specs import Runtime
@@ -85,8 +85,7 @@ class RolloutDriver:
     def act(self, action):
         if isinstance(action, Start):
             revision = self.revisions.get(action.revision_id)
-            self.cluster.apply(RevisionSpec(revision.id, revision.endpoint, revision.model_dir, revision.runtime,
-                                            action.replicas, revision.runtime_config, revision.image))
+            self.cluster.apply(revision_spec(revision, action.replicas))
             self.log(f"{revision.id}: starting {action.replicas} {revision.runtime} replica(s)")
             return None
         if isinstance(action, WaitReady):
@@ -207,8 +206,8 @@ def _roll_out(driver: RolloutDriver, revisions: RevisionStore, endpoint: str, re
 
 def _replicas_that_fit(spec, runtime: str, model_dir: str, replicas: int, capacity: Capacity) -> int:
     """How many of this endpoint's replicas fit; a Failure (not retried) when ``replicas`` do not."""
-    per_replica = replica_memory_bytes(runtime, model_bytes(Path(model_dir)), spec.replica.model_dump())
     try:
+        per_replica = replica_memory_bytes(runtime, model_bytes(Path(model_dir)), spec.replica.model_dump())
         return check_min_replicas(spec.name, replicas, per_replica, capacity)
     except CapacityError as exc:
         raise Failure(description=str(exc), allow_retries=False) from None

@@ -42,13 +42,23 @@ def replica_memory_bytes(runtime: str, weights_bytes: int, options: dict) -> int
     3.25
     >>> replica_memory_bytes("pyfunc", GIB // 4, {"workers": 2}) / GIB
     1.0
+    >>> replica_memory_bytes("pyfunc", GIB // 4, {"workers": 1, "memory_gib": 2}) / GIB  # what the spec reserves
+    2.0
     """
     if runtime == "vllm":
         processes = int(options.get("api_server_count", 1)) + 1
-        return weights_bytes + int((processes * VLLM_PROCESS_GIB + VLLM_MIN_KV_GIB) * GIB)
-    if runtime == "pyfunc":
-        return int(options.get("workers", 1)) * (weights_bytes + int(PYFUNC_PROCESS_GIB * GIB))
-    raise ValueError(f"unknown runtime {runtime!r}")
+        least = weights_bytes + int((processes * VLLM_PROCESS_GIB + VLLM_MIN_KV_GIB) * GIB)
+    elif runtime == "pyfunc":
+        least = int(options.get("workers", 1)) * (weights_bytes + int(PYFUNC_PROCESS_GIB * GIB))
+    else:
+        raise ValueError(f"unknown runtime {runtime!r}")
+    if options.get("memory_gib") is None:
+        return least
+    asked = int(float(options["memory_gib"]) * GIB)
+    if asked < least:
+        raise CapacityError(f"replica.memory_gib {options['memory_gib']:g} is below the {least / GIB:.2f} GiB a "
+                            f"{runtime} replica of this model needs at least; raise it or leave it unset")
+    return asked
 
 
 def replicas_that_fit(per_replica_bytes: int, capacity: Capacity) -> int:

@@ -44,6 +44,18 @@ class InMemoryCluster:
         for replica_id in [r.replica_id for r in self.replicas(revision_id)]:
             del self._replicas[replica_id]
 
+    def converge(self, active: Sequence[RevisionSpec]) -> list[str]:
+        wanted = {spec.revision_id: spec for spec in active}
+        changed = []
+        for revision_id in sorted(set(self.revisions) - set(wanted)):
+            self.delete(revision_id)
+            changed.append(f"deleted {revision_id}")
+        for revision_id, spec in sorted(wanted.items()):
+            if revision_id not in self.revisions:
+                self.apply(spec)
+                changed.append(f"finished {revision_id}")
+        return changed
+
     def set_ready(self, replica_id: str, ready: bool = True) -> None:
         """Test hook: what the supervisor's readiness probe decides."""
         replica = self._replicas[replica_id]

@@ -148,3 +148,11 @@ def detect_local(gpu_root: Path = Path("/proc/driver/nvidia/gpus"),
     if gpus:
         return HardwareProfile("cuda", cpu_model_name(cpuinfo), cores, gpus[0], len(gpus), isa, amx)
     return HardwareProfile("cpu", cpu_model_name(cpuinfo), cores, isa=isa, amx=amx)
+
+
+def local_gpu_count(driver_dir: Path = Path("/proc/driver/nvidia/gpus")) -> int:
+    """NVIDIA GPUs the driver lists on this machine (0 without the driver), read without importing torch."""
+    try:
+        return sum(1 for entry in driver_dir.iterdir() if entry.is_dir())
+    except OSError:
+        return 0

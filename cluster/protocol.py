@@ -26,6 +26,9 @@ class RevisionSpec:
     # The serving image to start replicas from (images.source_ref.ImageRef.to_json()); None: the
     # model directory and this machine's runtime environment, read in place.
     image: dict | None = None
+    # The measured time to ready of this model's replicas (the cost sweep's, or an earlier start's),
+    # if known: Kubernetes sizes the startupProbe from it; the local supervisor waits on readiness itself.
+    expected_start_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,7 @@ class Replica:
     revision_id: str
     url: str  # base URL, e.g. http://127.0.0.1:41234
     ready: bool  # model loaded and a warm-up request answered
-    state: str  # starting | ready | unhealthy | stopped
+    state: str  # starting | ready | unhealthy | stopped (Kubernetes also: terminating, draining before it stops)
     restarts: int = 0
 
 
@@ -59,6 +62,11 @@ class Cluster(Protocol):
 
     def delete(self, revision_id: str) -> None:
         """Stop every replica of the revision and forget it (idempotent)."""
+
+    def converge(self, active: Sequence[RevisionSpec]) -> list[str]:
+        """Finish the ``active`` revisions that a crash left half-created and remove whatever the
+        backend runs for any other revision; what it changed, in words (empty: nothing to do).
+        A revision that exists keeps its replica count (an autoscaler may have changed it)."""
 
 
 def poll_changes(read: Callable[[], list[Replica]], interval_s: float) -> Iterator[list[Replica]]:

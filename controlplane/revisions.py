@@ -20,6 +20,7 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from cluster.protocol import RevisionSpec
 from controlplane.schema import RevisionRow, TrafficRow
 from controlplane.splits import forget_in
 from controlplane.store import Clock, utc_now
@@ -56,6 +57,14 @@ class Revision:
     details: dict = field(default_factory=dict)  # checkpoint, eval gate verdict, hardware, owning run
     updated_at: datetime | None = None
     image: dict | None = None  # the serving image its replicas start from (cluster.protocol.RevisionSpec.image)
+
+
+def revision_spec(revision: Revision, replicas: int | None = None) -> RevisionSpec:
+    """What a backend runs for a revision: its own count unless ``replicas`` says otherwise."""
+    expected = revision.details.get("cold_start_s")
+    return RevisionSpec(revision.id, revision.endpoint, revision.model_dir, revision.runtime,
+                        revision.desired_replicas if replicas is None else replicas, revision.runtime_config,
+                        revision.image, float(expected) if isinstance(expected, (int, float)) else None)
 
 
 def _revision(row: RevisionRow) -> Revision:

@@ -58,6 +58,26 @@ class Settings(BaseModel):
     image_cache_gib: float = Field(20.0, gt=0, description="MODELPLANE_IMAGE_CACHE_GIB: local sector cache bound, per layer")
     warm_pool: int = Field(1, ge=0, le=16, description="MODELPLANE_WARM_POOL: pre-started runtime processes per "
                            "runtime kind and environment (0: none)")
+    # Where replicas run (cluster/): "local" processes on this machine, or "kubernetes" (docs/kubernetes.md).
+    cluster: str = Field("local", pattern="^(local|kubernetes)$", description="MODELPLANE_CLUSTER: local | kubernetes")
+    k8s_namespace: str = Field("modelplane", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+                               description="MODELPLANE_K8S_NAMESPACE: where replicas' objects live")
+    kubeconfig: Path | None = None  # MODELPLANE_KUBECONFIG: a kubeconfig file; unset: the pod's in-cluster config
+    k8s_runtime_image: str = Field("modelplane:latest", min_length=1,
+                                   description="MODELPLANE_K8S_RUNTIME_IMAGE: the platform image replica pods run")
+    k8s_models_claim: str | None = "modelplane-home"  # MODELPLANE_K8S_MODELS_CLAIM: RWX claim holding MODELPLANE_HOME
+
+    @field_validator("host")
+    @classmethod
+    def _an_address(cls, value: str) -> str:
+        import ipaddress
+
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"MODELPLANE_HOST must be an IP address to listen on (127.0.0.1, 0.0.0.0, ::), "
+                             f"got {value!r}") from None
+        return value
 
     @field_validator("amx")
     @classmethod
@@ -95,6 +115,12 @@ class Settings(BaseModel):
             image_mount=env.get("MODELPLANE_IMAGE_MOUNT", "auto").strip().lower() or "auto",
             image_cache_gib=float(env.get("MODELPLANE_IMAGE_CACHE_GIB", 20)),
             warm_pool=int(env.get("MODELPLANE_WARM_POOL", 1)),
+            host=env.get("MODELPLANE_HOST", "127.0.0.1").strip() or "127.0.0.1",
+            cluster=env.get("MODELPLANE_CLUSTER", "local").strip().lower() or "local",
+            k8s_namespace=env.get("MODELPLANE_K8S_NAMESPACE", "modelplane").strip(),
+            kubeconfig=Path(env["MODELPLANE_KUBECONFIG"]) if env.get("MODELPLANE_KUBECONFIG") else None,
+            k8s_runtime_image=env.get("MODELPLANE_K8S_RUNTIME_IMAGE", "modelplane:latest").strip(),
+            k8s_models_claim=env.get("MODELPLANE_K8S_MODELS_CLAIM", "modelplane-home").strip() or None,
         )
 
     # -- derived paths -------------------------------------------------------------------

@@ -268,6 +268,14 @@ class ReplicaOptions(_Strict):
     workers: int = Field(1, ge=1, le=64, description="pyfunc: scoring worker processes per replica.")
     max_batch_size: int = Field(64, ge=1, le=4096, description="pyfunc: most requests predicted together.")
     max_batch_wait_ms: float = Field(2.0, ge=0, le=1000, description="pyfunc: longest wait for a batch to fill, ms.")
+    cpu_cores: float | None = Field(None, gt=0, le=1024, description="CPU cores per replica: its threads are sized to "
+                                    "them, and on Kubernetes they are the pod's CPU request and limit. None: the local "
+                                    "machine's (or its cgroup's) cores; on Kubernetes, the install's default.")
+    memory_gib: float | None = Field(None, gt=0, le=4096, description="Memory per replica, GiB: what capacity checks "
+                                     "reserve for it, and on Kubernetes the pod's memory request and limit. None: "
+                                     "the least the runtime needs (cluster.capacity); on Kubernetes, the install's default.")
+    gpus: int = Field(0, ge=0, le=16, description="GPUs per replica (Kubernetes: nvidia.com/gpu). The local backend "
+                      "refuses a revision that asks for GPUs on a machine without CUDA.")
 
 
 class EndpointSpec(_Strict):

@@ -39,7 +39,11 @@ REGISTRY_CREDENTIALS_ENV = {"username": "MODELPLANE_REGISTRY_USERNAME", "passwor
 def build_resources(settings: Settings, environ=os.environ) -> dict:
     return {
         "control_plane": ControlPlaneResource(database_url=database_url(settings), router_url=settings.router_url),
-        "cluster": ClusterResource(backend="local", database_url=database_url(settings)),
+        "cluster": ClusterResource(backend=settings.cluster, database_url=database_url(settings),
+                                   namespace=settings.k8s_namespace,
+                                   kubeconfig=str(settings.kubeconfig) if settings.kubeconfig else None,
+                                   runtime_image=settings.k8s_runtime_image, models_claim=settings.k8s_models_claim,
+                                   home_path=str(settings.home)),
         "registry": RegistryResource(tracking_uri=settings.mlflow_tracking_uri),
         "model_store": ModelStoreResource(root_dir=str(settings.models_dir)),
         "quantizer": QuantizerResource(python=str(settings.quantize_python)),

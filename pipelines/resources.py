@@ -15,7 +15,6 @@ from sqlalchemy import Engine
 
 from cluster.capacity import GIB, Capacity, local_capacity
 from cluster.hardware import HardwareProfile, detect_local
-from cluster.local.backend import LocalCluster
 from cluster.protocol import Cluster
 from controlplane.db import make_engine
 from controlplane.settings import OFFLINE_ENV, REPO_ROOT, normalize_database_url
@@ -45,31 +44,38 @@ class ControlPlaneResource(ConfigurableResource):
 
 
 class ClusterResource(ConfigurableResource):
-    """Where replicas run. ``local``: processes on this machine, run by the supervisor."""
+    """Where replicas run: ``local`` processes on this machine, run by the supervisor, or ``kubernetes``."""
 
-    backend: str = Field("local", description="Cluster backend: local.")
+    backend: str = Field("local", pattern="^(local|kubernetes)$", description="Cluster backend: local | kubernetes.")
     database_url: str = Field(description="Control-plane database (the local backend's desired state).")
     memory_gib: float | None = Field(None, gt=0, description="Memory all replicas may use together, GiB; none "
                                      "means this machine's memory (or its cgroup limit). Specs whose min_replicas "
-                                     "do not fit are refused.")
+                                     "do not fit are refused. Kubernetes: the scheduler decides; unset.")
+    namespace: str = Field("modelplane", description="Kubernetes: the namespace of the replicas' objects.")
+    kubeconfig: str | None = Field(None, description="Kubernetes: a kubeconfig file; none: the in-cluster config.")
+    runtime_image: str = Field("modelplane:latest", description="Kubernetes: the platform image replica pods run.")
+    models_claim: str | None = Field("modelplane-home", description="Kubernetes: the ReadWriteMany claim holding "
+                                     "MODELPLANE_HOME, for revisions without a serving image.")
+    home_path: str = Field(str(REPO_ROOT / ".modelplane"), description="Kubernetes: where that claim is mounted.")
 
     def client(self) -> Cluster:
-        if self.backend != "local":
-            raise ValueError(f"unknown cluster backend {self.backend!r}; this build has: local")
-        return LocalCluster(_engine(self.database_url))
+        from cluster.factory import make_cluster
+
+        return make_cluster(self.backend, _engine(self.database_url), namespace=self.namespace,
+                            kubeconfig=Path(self.kubeconfig) if self.kubeconfig else None,
+                            runtime_image=self.runtime_image, models_claim=self.models_claim, home_path=self.home_path)
 
     def hardware_profile(self) -> HardwareProfile:
-        """What the backend's replicas run on (local: this machine)."""
-        if self.backend != "local":
-            raise ValueError(f"unknown cluster backend {self.backend!r}; this build has: local")
+        """What the backend's replicas run on. Local: this machine. Kubernetes: the node this run's pod
+        is on, which is the replicas' hardware when they share a node pool (docs/kubernetes.md)."""
         return detect_local()
 
     def capacity(self) -> Capacity:
         """What the backend's replicas may use in all (local: this machine's memory)."""
-        if self.backend != "local":
-            raise ValueError(f"unknown cluster backend {self.backend!r}; this build has: local")
         if self.memory_gib is not None:
             return Capacity(int(self.memory_gib * GIB), f"the cluster resource's memory_gib ({self.memory_gib:g})")
+        if self.backend == "kubernetes":
+            return Capacity(1 << 60, "the Kubernetes scheduler (a pod that fits no node stays Pending)")
         return local_capacity()
 
 

@@ -18,7 +18,7 @@ from dagster import (AssetKey, AssetRecordsFilter, DagsterInstance, DagsterRunSt
 
 from assets.source_model import model_versions
 from controlplane.splits import SplitStore
-from controlplane.revisions import RevisionStore
+from controlplane.revisions import RevisionStore, revision_spec
 from pipelines.deploy_plan import (GATE_TAG, RUN_KEY_TAG, EndpointView, RunView, SensorCursor, artifact_sections,
                                    lookups_for_tick, plan_tick)
 from pipelines.jobs import deploy_job
@@ -177,4 +177,11 @@ def revision_reaper_sensor(context: SensorEvaluationContext, control_plane: Cont
         splits.forget(revision_id)
         backend.delete(revision_id)
         context.log.warning(f"{revision_id}: no endpoint routes to it and no live run owns it; retired")
-    return SkipReason(f"retired {len(retired)} orphaned revision(s)" if retired else "no orphaned revisions")
+    # What a crash left half-made on the backend (Kubernetes: a Deployment without its Service), and
+    # anything it runs for a revision that is no longer active.
+    converged = backend.converge([revision_spec(r) for r in revisions.list(states=ACTIVE)])
+    for change in converged:
+        context.log.warning(f"cluster: {change}")
+    if retired or converged:
+        return SkipReason(f"retired {len(retired)} orphaned revision(s); {len(converged)} cluster change(s)")
+    return SkipReason("no orphaned revisions")

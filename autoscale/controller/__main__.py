@@ -17,7 +17,7 @@ from autoscale.controller.local_cpu import LocalCpu
 from autoscale.controller.loop import Controller, ControllerConfig
 from autoscale.controller.sources import ReplicaMetrics, RouterLoad, read_plans, replica_counts
 from cluster.hardware import detect_local
-from cluster.local.backend import LocalCluster
+from cluster.factory import from_settings
 from controlplane.db import make_engine
 from controlplane.routers import RouterStore
 from controlplane.scaling import AUTOSCALER_LEASE, AUTOSCALER_LEASE_TTL_S, Lease, ScalingStore
@@ -40,7 +40,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     hardware = detect_local().key
-    cluster = LocalCluster(engine)
+    cluster = from_settings(settings, engine)
     tokens = TokenStore(engine)
     token_id, token = tokens.create([], admin=True, description=f"autoscaler pid {os.getpid()}")
     lease = Lease(engine, AUTOSCALER_LEASE, f"{socket.gethostname()}:{os.getpid()}", ttl_s=AUTOSCALER_LEASE_TTL_S)

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from sqlalchemy import Engine, delete, select
 from sqlalchemy.orm import Session
 
+from cluster.hardware import local_gpu_count
 from cluster.protocol import Replica, RevisionSpec, poll_changes
 from controlplane.schema import ReplicaRow, RevisionRow
 from controlplane.store import Clock, utc_now
@@ -32,6 +33,10 @@ class LocalCluster:
         self._now = now
 
     def apply(self, spec: RevisionSpec) -> None:
+        gpus = int(spec.runtime_config.get("gpus", 0) or 0)
+        if gpus > local_gpu_count():
+            raise ValueError(f"{spec.revision_id}: replica.gpus is {gpus} but this machine has {local_gpu_count()} "
+                             "GPU(s); lower replica.gpus or serve it on the Kubernetes backend")
         now = self._now()
         with Session(self._engine) as session, session.begin():
             row = session.get(RevisionRow, spec.revision_id)
@@ -79,6 +84,11 @@ class LocalCluster:
                 row.desired_replicas = 0
                 row.state = "retired"
                 row.updated_at = self._now()
+
+    def converge(self, active: Sequence[RevisionSpec]) -> list[str]:
+        """Nothing to do: the revisions table is this backend's desired state, and the supervisor
+        converges processes to it continuously (adopting, restarting, stopping)."""
+        return []
 
     def forget_stopped(self) -> None:
         with Session(self._engine) as session, session.begin():

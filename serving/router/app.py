@@ -418,10 +418,16 @@ def main() -> None:
     config = RouterConfig(host=settings.host, port=settings.ports.router_port)
     engine = make_engine(settings.database_url)
     hardware = detect_local().key  # the local backend's replicas run on this machine
+    feed = None  # local: the supervisor writes replicas into the database, which load_table reads
+    if settings.cluster != "local":  # a backend with its own discovery (Kubernetes: EndpointSlices)
+        from cluster.factory import ReplicaFeed, from_settings
+
+        feed = ReplicaFeed(from_settings(settings, engine),
+                           on_error=lambda exc: print(f"replica discovery: {type(exc).__name__}: {exc}", flush=True))
     shared, own = listening_sockets(config.host, config.port)
     own_url = f"http://{config.host}:{own.getsockname()[1]}"
     routers, router_id = RouterStore(engine), f"{socket.gethostname()}:{config.port}:{os.getpid()}"
-    app = create_app(config, lambda: load_table(engine, hardware), router_id=router_id,
+    app = create_app(config, lambda: load_table(engine, hardware, feed.current if feed else None), router_id=router_id,
                      report=lambda read_at: routers.report(router_id, read_at, own_url),
                      log_sink=InferenceLogStore(engine),
                      on_ready=lambda: print(f"router listening on {config.host}:{config.port} (own port {own_url})",

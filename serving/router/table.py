@@ -9,11 +9,14 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
+from cluster.local.backend import replica_from_row
+from cluster.protocol import Replica
 from controlplane.cost_profiles import CostProfileStore
 from controlplane.schema import EndpointRow, ReplicaRow, RevisionRow, TrafficRow
 from controlplane.tokens import Grant, TokenStore
@@ -100,8 +103,12 @@ def _policy(name: str, spec_json: str) -> RoutePolicy:
         return DEFAULT_POLICY
 
 
-def load_table(engine: Engine, hardware_profile: str | None = None) -> RoutingTable:
-    """The snapshot, with each serving revision's cost model measured on ``hardware_profile``."""
+def load_table(engine: Engine, hardware_profile: str | None = None,
+               replicas: Callable[[], list[Replica]] | None = None) -> RoutingTable:
+    """The snapshot, with each serving revision's cost model measured on ``hardware_profile``.
+
+    ``replicas``: the backend's own discovery (Kubernetes: EndpointSlices); None: the replicas
+    table the local supervisor writes."""
     with Session(engine) as session:
         endpoint_rows = list(session.scalars(select(EndpointRow)))
         names = [row.name for row in endpoint_rows]
@@ -118,10 +125,15 @@ def load_table(engine: Engine, hardware_profile: str | None = None) -> RoutingTa
                        if isinstance(row.details, dict) and isinstance(row.details.get("cold_start_s"), (int, float))}
         ready: dict[str, list[str]] = {}
         any_replicas: set[str] = set()
-        for row in session.scalars(select(ReplicaRow).where(ReplicaRow.state != "stopped")):
-            any_replicas.add(row.revision_id)
-            if row.state == "ready":
-                ready.setdefault(row.revision_id, []).append(f"http://{row.host}:{row.port}")
+        if replicas is None:
+            seen = [replica_from_row(row) for row in
+                    session.scalars(select(ReplicaRow).where(ReplicaRow.state != "stopped"))]
+        else:
+            seen = [replica for replica in replicas() if replica.state != "stopped"]
+        for replica in seen:
+            any_replicas.add(replica.revision_id)
+            if replica.ready:
+                ready.setdefault(replica.revision_id, []).append(replica.url)
     costs: dict[str, RouteCost] = {}
     if hardware_profile is not None:
         profiles = CostProfileStore(engine).for_hardware(hardware_profile)

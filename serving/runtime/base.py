@@ -52,6 +52,8 @@ class RuntimeConfig:
     workers: int = 1  # pyfunc worker processes
     max_batch_size: int = 64  # pyfunc micro-batching
     max_batch_wait_ms: float = 2.0  # pyfunc micro-batching
+    memory_gib: float | None = None  # the replica's memory (capacity checks; Kubernetes: request and limit)
+    gpus: int = 0  # GPUs per replica (Kubernetes: nvidia.com/gpu)
 
 
 class ReplicaRuntime(Protocol):
