@@ -60,20 +60,26 @@ class ReplicaFeed:
     def __init__(self, cluster: Cluster, on_error: Callable[[Exception], None] = lambda exc: None) -> None:
         self._latest: list[Replica] | None = None
         self._cluster, self._on_error = cluster, on_error
-        self._seen = threading.Event()
-        threading.Thread(target=self._run, name="replica-feed", daemon=True).start()
+        self._seen, self._closed = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, name="replica-feed", daemon=True)
+        self._thread.start()
 
     def current(self) -> list[Replica]:
         """The replicas as last seen; waits up to 10 s for the first list, then answers with none."""
         self._seen.wait(10.0)
         return list(self._latest or [])
 
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop watching; returns once the watch has ended (its stream ends or times out)."""
+        self._closed.set()
+        self._thread.join(timeout_s)
+
     def _run(self) -> None:
-        while True:
+        while not self._closed.is_set():
             try:
-                for replicas in self._cluster.watch():
+                for replicas in self._cluster.watch(stop=self._closed.is_set):
                     self._latest = replicas
                     self._seen.set()
             except Exception as exc:  # noqa: BLE001 - a watch that gives up is started again
                 self._on_error(exc)
-                threading.Event().wait(1.0)
+                self._closed.wait(1.0)

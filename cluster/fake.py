@@ -6,7 +6,7 @@ Which ids start and stop is :func:`cluster.replica_plan.plan`, as in the local s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from cluster.protocol import Replica, RevisionSpec, poll_changes
 from cluster.replica_plan import plan
@@ -36,8 +36,13 @@ class InMemoryCluster:
         return sorted((r for r in self._replicas.values() if revision_id in (None, r.revision_id)),
                       key=lambda r: r.replica_id)
 
-    def watch(self, interval_s: float = 0.5) -> Iterator[list[Replica]]:
-        return poll_changes(self.replicas, interval_s)
+    def desired_replicas(self, revision_id: str) -> int:
+        if revision_id not in self.revisions:
+            raise KeyError(f"no revision {revision_id!r}")
+        return self.revisions[revision_id].replicas
+
+    def watch(self, interval_s: float = 0.5, stop: Callable[[], bool] = lambda: False) -> Iterator[list[Replica]]:
+        return poll_changes(self.replicas, interval_s, stop)
 
     def delete(self, revision_id: str) -> None:
         self.revisions.pop(revision_id, None)

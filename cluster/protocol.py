@@ -57,8 +57,11 @@ class Cluster(Protocol):
     def replicas(self, revision_id: str | None = None) -> list[Replica]:
         """Current replicas, of one revision or of all."""
 
-    def watch(self, interval_s: float = 0.5) -> Iterator[list[Replica]]:
-        """Yield the full replica list now and then each time it changes (runs forever)."""
+    def desired_replicas(self, revision_id: str) -> int:
+        """The count the revision is scaled to now (whoever scaled it last); KeyError for an unknown one."""
+
+    def watch(self, interval_s: float = 0.5, stop: Callable[[], bool] = lambda: False) -> Iterator[list[Replica]]:
+        """Yield the full replica list now and then each time it changes, until ``stop()``."""
 
     def delete(self, revision_id: str) -> None:
         """Stop every replica of the revision and forget it (idempotent)."""
@@ -69,11 +72,12 @@ class Cluster(Protocol):
         A revision that exists keeps its replica count (an autoscaler may have changed it)."""
 
 
-def poll_changes(read: Callable[[], list[Replica]], interval_s: float) -> Iterator[list[Replica]]:
+def poll_changes(read: Callable[[], list[Replica]], interval_s: float,
+                 stop: Callable[[], bool] = lambda: False) -> Iterator[list[Replica]]:
     """``watch`` for backends without change notifications: read every ``interval_s``, yield
-    the list now and whenever it differs from the last one yielded."""
+    the list now and whenever it differs from the last one yielded, until ``stop()``."""
     last = None
-    while True:
+    while not stop():
         current = read()
         if current != last:
             last = current

@@ -66,6 +66,8 @@ class Settings(BaseModel):
     k8s_runtime_image: str = Field("modelplane:latest", min_length=1,
                                    description="MODELPLANE_K8S_RUNTIME_IMAGE: the platform image replica pods run")
     k8s_models_claim: str | None = "modelplane-home"  # MODELPLANE_K8S_MODELS_CLAIM: RWX claim holding MODELPLANE_HOME
+    router_url_override: str | None = None  # MODELPLANE_ROUTER_URL: where run workers and sensors reach the router
+    advertise_host: str | None = None  # MODELPLANE_ADVERTISE_HOST: the address a router reports for its own port
 
     @field_validator("host")
     @classmethod
@@ -77,6 +79,13 @@ class Settings(BaseModel):
         except ValueError:
             raise ValueError(f"MODELPLANE_HOST must be an IP address to listen on (127.0.0.1, 0.0.0.0, ::), "
                              f"got {value!r}") from None
+        return value
+
+    @field_validator("router_url_override")
+    @classmethod
+    def _an_http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"MODELPLANE_ROUTER_URL must be an http(s) URL, got {value!r}")
         return value
 
     @field_validator("amx")
@@ -121,6 +130,8 @@ class Settings(BaseModel):
             kubeconfig=Path(env["MODELPLANE_KUBECONFIG"]) if env.get("MODELPLANE_KUBECONFIG") else None,
             k8s_runtime_image=env.get("MODELPLANE_K8S_RUNTIME_IMAGE", "modelplane:latest").strip(),
             k8s_models_claim=env.get("MODELPLANE_K8S_MODELS_CLAIM", "modelplane-home").strip() or None,
+            router_url_override=env.get("MODELPLANE_ROUTER_URL", "").strip().rstrip("/") or None,
+            advertise_host=env.get("MODELPLANE_ADVERTISE_HOST", "").strip() or None,
         )
 
     # -- derived paths -------------------------------------------------------------------
@@ -177,7 +188,7 @@ class Settings(BaseModel):
 
     @property
     def router_url(self) -> str:
-        return f"http://{self.host}:{self.ports.router_port}"
+        return self.router_url_override or f"http://{self.host}:{self.ports.router_port}"
 
     @property
     def registry_url(self) -> str:

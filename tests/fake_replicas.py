@@ -53,6 +53,8 @@ class FakeReplica:
         app.router.add_post("/invocations", self._invocations)
         app.router.add_post("/v1/chat/completions", self._openai)
         app.router.add_post("/v1/completions", self._openai)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app)
         self._loop.run_until_complete(self._runner.setup())
         with socket.socket() as sock:
@@ -61,6 +63,15 @@ class FakeReplica:
         self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
         self._started.set()
         self._loop.run_forever()
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """The pyfunc runtime's progress counters: what a drain or a liveness look reads."""
+        from serving.runtime.pyfunc.metrics import COMPLETED, IN_FLIGHT, QUEUE_DEPTH
+
+        return web.Response(text=f"{COMPLETED}_total {len(self.requests)}\n{IN_FLIGHT} 0\n{QUEUE_DEPTH} 0\n")
 
     async def _maybe_close(self, request: web.Request) -> None:
         if self.behaviour in ("close", "stall"):

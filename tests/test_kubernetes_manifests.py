@@ -81,6 +81,7 @@ def test_readiness_is_the_model_loaded_liveness_is_forward_progress_and_stopping
     drain = container["lifecycle"]["preStop"]["exec"]["command"]
     assert drain[:4] == ["python", "-m", "cluster.kubernetes.probes", "drain"]
     assert int(drain[drain.index("--timeout-s") + 1]) < pod["terminationGracePeriodSeconds"]
+    assert pod["serviceAccountName"] == "modelplane-replica" and pod["automountServiceAccountToken"] is False
 
 
 def test_the_model_comes_from_the_serving_image_volume_or_the_shared_home_and_nowhere_else():

@@ -12,10 +12,11 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 
 from autoscale.controller.local_cpu import LocalCpu
 from autoscale.controller.loop import Controller, ControllerConfig
-from autoscale.controller.sources import ReplicaMetrics, RouterLoad, read_plans, replica_counts
+from autoscale.controller.sources import ReplicaMetrics, RouterLoad, read_plans, replica_counts, with_desired
 from cluster.hardware import detect_local
 from cluster.factory import from_settings
 from controlplane.db import make_engine
@@ -46,18 +47,21 @@ def main() -> None:
     lease = Lease(engine, AUTOSCALER_LEASE, f"{socket.gethostname()}:{os.getpid()}", ttl_s=AUTOSCALER_LEASE_TTL_S)
     log = lambda message: print(message, flush=True)  # noqa: E731
     controller = Controller(
-        plans=lambda: read_plans(engine, hardware), replicas=lambda rid: replica_counts(cluster, rid),
+        plans=lambda: with_desired(read_plans(engine, hardware), cluster), replicas=lambda rid: replica_counts(cluster, rid),
         load=RouterLoad(RouterStore(engine), token, log=log), stats=ReplicaMetrics(cpu=LocalCpu(engine)),
         scale=cluster.scale,
         recorder=ScalingStore(engine), is_leader=lease.acquire, clock=WallClock(),
         config=ControllerConfig(), log=log)
     log(f"autoscaler running (lease holder {lease.holder})")
+    heartbeat = os.environ.get("MODELPLANE_HEARTBEAT_FILE")  # a liveness probe's file (Kubernetes: deploy/)
     try:
         while not stop.is_set():
             try:
                 controller.tick()
             except Exception as exc:  # noqa: BLE001 - one bad tick (a database hiccup) must not end the loop
                 log(f"tick failed: {type(exc).__name__}: {exc}")
+            if heartbeat:
+                Path(heartbeat).touch()  # the loop is alive, leader or standby
             stop.wait(controller.config.sample_interval_s)
     finally:
         lease.release()

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from collections.abc import Mapping
 
 import httpx
@@ -65,6 +66,18 @@ def read_plans(engine: Engine, hardware_profile: str) -> list[EndpointPlan]:
             recorded_target=recorded.target if recorded is not None else None,
             cold_start_s=float(details["cold_start_s"]) if isinstance(details.get("cold_start_s"), (int, float)) else None))
     return plans
+
+
+def with_desired(plans: list[EndpointPlan], cluster: Cluster) -> list[EndpointPlan]:
+    """Each plan with the count its revision is scaled to on the backend now (Kubernetes: the
+    Deployment's, which the revisions table does not follow); a revision gone meanwhile drops out."""
+    current = []
+    for plan in plans:
+        try:
+            current.append(replace(plan, desired_replicas=cluster.desired_replicas(plan.revision_id)))
+        except KeyError:
+            continue
+    return current
 
 
 def replica_counts(cluster: Cluster, revision_id: str) -> ReplicaCounts:

@@ -89,9 +89,21 @@ class KubernetesCluster:
         slices = [self._discovery.api_client.sanitize_for_serialization(item) for item in found.items]
         return replicas_from_slices(slices, self.revision_of)
 
-    def watch(self, interval_s: float = 0.5) -> Iterator[list[Replica]]:
+    def desired_replicas(self, revision_id: str) -> int:
+        """The Deployment's count, as its scale subresource says (the autoscaler's last word)."""
+        try:
+            scale = self._apps.read_namespaced_deployment_scale(manifests.object_name(revision_id),
+                                                                self.config.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise KeyError(f"no revision {revision_id!r}") from None
+            raise
+        return scale.spec.replicas or 0
+
+    def watch(self, interval_s: float = 0.5, stop: Callable[[], bool] = lambda: False) -> Iterator[list[Replica]]:
         """Change notifications from the API server (``interval_s``: the pause after a broken watch)."""
-        return SliceWatcher(self._discovery, self.config.namespace, self.revision_of, retry_s=interval_s).changes()
+        return SliceWatcher(self._discovery, self.config.namespace, self.revision_of,
+                            watch_timeout_s=self.config.watch_timeout_s, retry_s=interval_s).changes(stop)
 
     def delete(self, revision_id: str) -> None:
         self._delete_objects(manifests.object_name(revision_id))

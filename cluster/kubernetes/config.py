@@ -33,6 +33,7 @@ class KubernetesConfig:
     models_claim: str | None = "modelplane-home"
     home_path: str = "/var/lib/modelplane"
     port: int = 8000  # the runtime's port inside the pod
+    service_account: str = "modelplane-replica"  # replica pods' identity (deploy/ ships it with no Role, no token)
     default_cpu_cores: float = 2.0  # per replica, when the spec does not say
     default_memory_gib: float = 8.0
     startup_default_s: float = 900.0  # how long a replica may take to start when no start was measured
@@ -41,6 +42,7 @@ class KubernetesConfig:
     termination_grace_s: int = 120  # preStop drain + the server's own graceful shutdown
     drain_settle_s: float = 5.0  # preStop: wait for routers to see the endpoint go, before draining
     probe_period_s: int = 10  # liveness (forward progress) look interval
+    watch_timeout_s: int = 300  # each EndpointSlice watch request ends after this and is renewed (as client-go's)
 
     def __post_init__(self) -> None:
         problems = []
@@ -53,7 +55,7 @@ class KubernetesConfig:
         if not 0 < self.port < 65536:
             problems.append(f"port {self.port} is not a TCP port")
         for name in ("default_cpu_cores", "default_memory_gib", "startup_default_s", "startup_factor",
-                     "startup_min_s", "probe_period_s"):
+                     "startup_min_s", "probe_period_s", "watch_timeout_s"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)}")
         if self.termination_grace_s <= self.drain_settle_s:

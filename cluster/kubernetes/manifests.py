@@ -158,7 +158,8 @@ def deployment(spec: RevisionSpec, config: KubernetesConfig) -> dict:
                     "containers": [container],
                     "volumes": volumes,
                     "terminationGracePeriodSeconds": config.termination_grace_s,
-                    "automountServiceAccountToken": False,
+                    "serviceAccountName": config.service_account,
+                    "automountServiceAccountToken": False,  # a replica never calls the Kubernetes API
                     "enableServiceLinks": False,
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001,
                                         "seccompProfile": {"type": "RuntimeDefault"}},

@@ -8,7 +8,7 @@ what it sees into the ``replicas`` table, which is also the router's discovery f
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from sqlalchemy import Engine, delete, select
 from sqlalchemy.orm import Session
@@ -73,8 +73,15 @@ class LocalCluster:
                 query = query.where(ReplicaRow.revision_id == revision_id)
             return [replica_from_row(row) for row in session.scalars(query)]
 
-    def watch(self, interval_s: float = 0.5) -> Iterator[list[Replica]]:
-        return poll_changes(self.replicas, interval_s)
+    def desired_replicas(self, revision_id: str) -> int:
+        with Session(self._engine) as session:
+            row = session.get(RevisionRow, revision_id)
+            if row is None:
+                raise KeyError(f"no revision {revision_id!r}")
+            return row.desired_replicas
+
+    def watch(self, interval_s: float = 0.5, stop: Callable[[], bool] = lambda: False) -> Iterator[list[Replica]]:
+        return poll_changes(self.replicas, interval_s, stop)
 
     def delete(self, revision_id: str) -> None:
         """Desired replicas 0 and state retired; the supervisor stops the processes."""

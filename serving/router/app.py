@@ -425,7 +425,7 @@ def main() -> None:
         feed = ReplicaFeed(from_settings(settings, engine),
                            on_error=lambda exc: print(f"replica discovery: {type(exc).__name__}: {exc}", flush=True))
     shared, own = listening_sockets(config.host, config.port)
-    own_url = f"http://{config.host}:{own.getsockname()[1]}"
+    own_url = f"http://{settings.advertise_host or config.host}:{own.getsockname()[1]}"  # where the autoscaler asks
     routers, router_id = RouterStore(engine), f"{socket.gethostname()}:{config.port}:{os.getpid()}"
     app = create_app(config, lambda: load_table(engine, hardware, feed.current if feed else None), router_id=router_id,
                      report=lambda read_at: routers.report(router_id, read_at, own_url),
