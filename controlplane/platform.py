@@ -157,11 +157,7 @@ def build_services(settings: Settings) -> list[Service]:
             url=settings.admin_url,
             port=ports.admin_port,
         ),
-        Service(
-            name="supervisor",
-            argv=[sys.executable, "-m", "cluster.local.supervisor"],
-            healthy=_log_says(settings.logs_dir / "supervisor.log", "supervisor running"),
-        ),
+        *supervisor_services(settings),
         *router_services(settings),
         Service(
             name="autoscaler",
@@ -184,12 +180,20 @@ def build_services(settings: Settings) -> list[Service]:
     ]
 
 
+def supervisor_services(settings: Settings) -> list[Service]:
+    """The local backend's process supervisor; none when Kubernetes runs the replicas."""
+    if settings.cluster != "local":
+        return []
+    return [Service(name="supervisor", argv=[sys.executable, "-m", "cluster.local.supervisor"],
+                    healthy=_log_says(settings.logs_dir / "supervisor.log", "supervisor running"))]
+
+
 def router_services(settings: Settings) -> list[Service]:
     """``settings.routers`` router processes on the one router port (SO_REUSEPORT): the first
     is checked through the port, each other by its log line "router listening"."""
+    local_url = f"http://{settings.host}:{settings.ports.router_port}"  # MODELPLANE_ROUTER_URL may name a balancer
     services = [Service(name="router", argv=[sys.executable, "-m", "serving.router.app"],
-                        healthy=_http_ok(f"{settings.router_url}/healthz"), url=settings.router_url,
-                        port=settings.ports.router_port)]
+                        healthy=_http_ok(f"{local_url}/healthz"), url=local_url, port=settings.ports.router_port)]
     for number in range(2, settings.routers + 1):
         name = f"router-{number}"
         services.append(Service(name=name, argv=[sys.executable, "-m", "serving.router.app"],

@@ -193,7 +193,7 @@ def test_the_watch_survives_broken_streams_and_410_gone_without_losing_a_change(
     thread.join(10)
 
 
-def test_a_rollout_on_the_mock_never_routes_to_a_replica_that_is_not_ready(kube, migrated_engine):
+def test_a_rollout_never_routes_to_a_replica_that_is_not_ready_even_when_the_watch_breaks(kube, migrated_engine):
     from assets.rollout import rollout
     from assets.served_endpoint import RolloutDriver
     from controlplane.revisions import RevisionStore
@@ -213,11 +213,18 @@ def test_a_rollout_on_the_mock_never_routes_to_a_replica_that_is_not_ready(kube,
     def is_ready(pod: dict) -> bool:
         return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
 
-    def kubelet():  # readies the starting pods one by one, each after a while
+    def kubelet():  # readies the starting pods one by one, each after a while; the router's watch breaks twice
+        readied = 0
         while not done.wait(0.3):
             starting = [p for p in mock.emulator.pods(terminating=False) if not is_ready(p)]
             if starting:
                 mock.emulator.set_ready(starting[0]["metadata"]["name"])
+                readied += 1
+                if readied == 2:
+                    mock.break_watches()  # the connection drops mid-rollout
+                if readied == 3:
+                    mock.compact()  # and then its resourceVersion is too old to resume from: 410, relist
+                    mock.break_watches()
 
     def router():  # reads the routing table all along, as a router's refresh does
         while not done.wait(0.01):
@@ -310,3 +317,40 @@ def test_against_a_real_cluster():
         assert cluster.converge([revision]) == []
     finally:
         cluster.delete("contract-v1-aa")
+
+
+def test_settings_select_the_kubernetes_backend_its_namespace_and_kubeconfig(kube, tmp_path):
+    from controlplane.platform import build_services
+    from controlplane.settings import Settings
+    from cluster.factory import from_settings
+
+    mock, _ = kube
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: mock, cluster: {{server: "{mock.url}"}}}}]
+users: [{{name: tester, user: {{}}}}]
+contexts: [{{name: mock, context: {{cluster: mock, user: tester}}}}]
+current-context: mock
+""")
+    settings = Settings.from_env({"MODELPLANE_HOME": str(tmp_path), "MODELPLANE_CLUSTER": "kubernetes",
+                                  "MODELPLANE_KUBECONFIG": str(kubeconfig), "MODELPLANE_K8S_NAMESPACE": "team-a"})
+    cluster = from_settings(settings, engine=None)
+    assert isinstance(cluster, KubernetesCluster) and cluster.config.namespace == "team-a"
+    cluster.apply(RevisionSpec("iris-v1-aa", "iris", str(tmp_path / "models" / "iris" / "v1"), "pyfunc", 1))
+    assert [d["metadata"]["name"] for d in mock.objects("deployments", "team-a")] == [object_name("iris-v1-aa")]
+    assert "supervisor" not in [service.name for service in build_services(settings)]  # Kubernetes runs replicas
+
+
+def test_a_backend_that_cannot_be_reached_or_named_is_refused_with_what_to_do(tmp_path):
+    from pydantic import ValidationError
+
+    from cluster.factory import make_cluster
+    from controlplane.settings import Settings
+
+    with pytest.raises(ValidationError, match="local|kubernetes"):
+        Settings.from_env({"MODELPLANE_HOME": str(tmp_path), "MODELPLANE_CLUSTER": "nomad"})
+    with pytest.raises(ValueError, match="is not a file"):
+        make_cluster("kubernetes", None, kubeconfig=tmp_path / "missing")
+    with pytest.raises(ValueError, match="needs MODELPLANE_KUBECONFIG"):
+        make_cluster("kubernetes", None)  # not in a pod: no service account to fall back on
