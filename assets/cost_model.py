@@ -32,9 +32,8 @@ from assets.quantized_checkpoint import MEASUREMENT_POOL
 from assets.served_endpoint import RolloutDriver, choose_runtime
 from assets.serving_specs import serving_specs
 from assets.source_model import DEPLOY_RETRIES, model_versions
-from cluster.protocol import RevisionSpec
 from controlplane.cost_profiles import CostProfileStore
-from controlplane.revisions import RevisionStore
+from controlplane.revisions import RevisionStore, revision_spec
 from controlplane.specs import EndpointSpec
 from costmodel.fit import fit_cost_model
 from costmodel.measure import classic_input_example, run_sweep
@@ -94,18 +93,22 @@ def cost_model(
     checkpoint = serving_checkpoint(quantized_checkpoint)
     serve_dir = Path(checkpoint.model_dir)
     runtime = choose_runtime(spec.runtime, is_llm)
-    revision_id = f"{model}-v{version}-cost-{int(time.time())}"[-96:]
     backend = cluster.client()
     driver = RolloutDriver(backend, RevisionStore(control_plane.engine()), context.log.info)
     context.log.info(f"{model} v{version} ({checkpoint.label}) on {profile.key}: {grid.n_points} sweep points "
                      f"({reason})")
-    backend.apply(RevisionSpec(revision_id, BENCH_MODEL_NAME, str(serve_dir), runtime, 1, spec.replica.model_dump()))
-    driver.revisions.add_details(revision_id, run_id=context.run_id, purpose="cost-model sweep")  # for the reaper
+    # Recorded like any revision (the run that owns it spares it from the reaper, and from the
+    # backend's converge), then started on the backend.
+    bench = driver.revisions.create(BENCH_MODEL_NAME, context.partition_key, str(serve_dir), runtime,
+                                    spec.replica.model_dump(), 1, {"run_id": context.run_id, "purpose": "cost-model sweep"})
+    revision_id = bench.id
+    backend.apply(revision_spec(bench))
     try:
         if not driver.wait_ready(WaitReady(revision_id, 1)):
             raise Failure(description=f"the benchmark replica of {model} v{version} never became ready; "
                                       "see $MODELPLANE_HOME/logs/replicas/")
         [replica] = [r for r in backend.replicas(revision_id) if r.ready][:1]
+        replica_start_s = driver.revisions.get(revision_id).details.get("cold_start_s")  # sizes startup probes
         started = time.monotonic()
         if is_llm:
             vocab = locate(serve_dir).config.get("vocab_size")
@@ -117,6 +120,7 @@ def cost_model(
         sweep_s = time.monotonic() - started
     finally:
         backend.delete(revision_id)
+        driver.revisions.set_state(revision_id, "retired")
     try:
         fitted = fit_cost_model(samples, points, spec.slo.p99_latency_ms, spec.slo.time_to_first_token_ms,
                                 "llm" if is_llm else "classic")
@@ -142,7 +146,8 @@ def cost_model(
     if not fitted.slo_met:
         context.log.warning(fitted.slo_message)
     value = {"model": model, "version": version, "hardware_profile": profile.key, "cost_model": fitted.to_json(),
-             "target_concurrency": stored.target_concurrency, "mlflow_run_id": run_id}
+             "target_concurrency": stored.target_concurrency, "mlflow_run_id": run_id,
+             "replica_start_s": replica_start_s}
     return Output(value, metadata={
         "hardware_profile": profile.key,
         "checkpoint": checkpoint.label,

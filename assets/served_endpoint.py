@@ -273,7 +273,9 @@ def served_endpoint(
             continue
         image = serving_image.get("images", {}).get(runtime)  # None: replicas start in place
         revision = revisions.create(spec.name, context.partition_key, checkpoint.model_dir, runtime,
-                                    spec.replica.model_dump(), replicas, details | {"max_replicas_that_fit": fit},
+                                    spec.replica.model_dump(), replicas,
+                                    details | {"max_replicas_that_fit": fit,
+                                               "expected_start_s": cost_model.get("replica_start_s")},
                                     image=image)
         started = time.monotonic()
         result = _roll_out(driver, revisions, spec.name, revision.id, replicas, current, canary_plan(spec))

@@ -61,7 +61,8 @@ class Revision:
 
 def revision_spec(revision: Revision, replicas: int | None = None) -> RevisionSpec:
     """What a backend runs for a revision: its own count unless ``replicas`` says otherwise."""
-    expected = revision.details.get("cold_start_s")
+    # its own measured start once it has one, else the cost sweep's replica's (the same model, hardware)
+    expected = revision.details.get("cold_start_s") or revision.details.get("expected_start_s")
     return RevisionSpec(revision.id, revision.endpoint, revision.model_dir, revision.runtime,
                         revision.desired_replicas if replicas is None else replicas, revision.runtime_config,
                         revision.image, float(expected) if isinstance(expected, (int, float)) else None)

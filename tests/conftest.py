@@ -82,3 +82,24 @@ def mlflow_experiment(mlflow_uri: str, tmp_path: Path) -> str:
 
     client = MlflowClient(tracking_uri=mlflow_uri)
     return client.create_experiment("tests", artifact_location=(tmp_path / "artifacts").as_uri())
+
+
+@pytest.fixture(scope="module")
+def iris(tmp_path_factory):
+    """The demo iris model registered in a fresh MLflow: (tracking URI, its downloaded model directory)."""
+    from mlflow import MlflowClient
+
+    from demo.iris import log_iris
+    from pipelines.registry import MlflowRegistry
+
+    root = tmp_path_factory.mktemp("iris")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    MlflowClient(tracking_uri=uri).create_experiment("modelplane-demo", artifact_location=(root / "a").as_uri())
+    log_iris(uri)
+    return uri, Path(MlflowRegistry(uri).download("iris", "1", root / "model"))
+
+
+@pytest.fixture(scope="module")
+def iris_dir(iris) -> Path:
+    """The demo iris model's directory (an MLflow pyfunc model)."""
+    return iris[1]

@@ -3,7 +3,7 @@
 The schemas are the ones kubernetes-validate ships (``kubernetes_validate/kubernetes-json-schema/
 v<version>-local-strict``), generated from each Kubernetes release's OpenAPI document. The
 *strict* variant forbids properties a kind does not define, so a misspelt or misplaced field
-(``readOnlyRootFileSystem``, ``resources`` under the pod instead of the container) is an error
+(``readOnlyRootFileSystem``, ``imagePullPolicy`` on the pod instead of its container) is an error
 instead of being dropped by the API server without a word.
 
     >>> validate({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}, K8S_VERSIONS[-1])
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any
 
 import jsonschema
 import referencing
@@ -24,11 +23,10 @@ from kubernetes_validate import utils as kv
 from packaging.version import Version
 
 
-
 def _shipped_versions() -> list[str]:
     """Versions with strict schemas, oldest first (``all_versions`` lists each twice: the
     ``-local`` and the ``-local-strict`` folders)."""
-    return sorted({v for v in kv.all_versions()}, key=Version)
+    return sorted(set(kv.all_versions()), key=Version)
 
 
 #: The three most recent minor versions kubernetes-validate has schemas for, oldest first.

@@ -58,7 +58,7 @@ def backend(request, tmp_path):
     from cluster.local.supervisor import Supervisor, SupervisorConfig
     from controlplane import db
 
-    iris_dir = request.getfixturevalue("iris_model_dir")
+    iris_dir = request.getfixturevalue("iris_dir")
     url = f"sqlite:///{tmp_path / 'cp.db'}"
     db.upgrade(url)
     engine = db.make_engine(url)
@@ -72,20 +72,6 @@ def backend(request, tmp_path):
         stop.set()
         thread.join(60)
         engine.dispose()
-
-
-@pytest.fixture(scope="module")
-def iris_model_dir(tmp_path_factory):
-    from mlflow import MlflowClient
-
-    from demo.iris import log_iris
-    from pipelines.registry import MlflowRegistry
-
-    root = tmp_path_factory.mktemp("iris")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    MlflowClient(tracking_uri=uri).create_experiment("modelplane-demo", artifact_location=(root / "a").as_uri())
-    log_iris(uri)
-    return MlflowRegistry(uri).download("iris", "1", root / "model")
 
 
 def test_every_backend_keeps_the_cluster_contract(backend):

@@ -20,20 +20,6 @@ ROWS = {"dataframe_split": {"columns": ["sepal length (cm)", "sepal width (cm)",
                                         "petal width (cm)"], "data": [[5.1, 3.5, 1.4, 0.2]]}}
 
 
-@pytest.fixture(scope="module")
-def iris_dir(tmp_path_factory):
-    from mlflow import MlflowClient
-
-    from demo.iris import log_iris
-    from pipelines.registry import MlflowRegistry
-
-    root = tmp_path_factory.mktemp("iris")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    MlflowClient(tracking_uri=uri).create_experiment("modelplane-demo", artifact_location=(root / "a").as_uri())
-    log_iris(uri)
-    return MlflowRegistry(uri).download("iris", "1", root / "model")
-
-
 @pytest.fixture
 def pod(iris_dir, tmp_path):
     """The replica container's command, as the Deployment gives it (host and port aside)."""

@@ -31,21 +31,6 @@ IRIS_ROWS = {"dataframe_split": {"columns": ["sepal length (cm)", "sepal width (
 
 
 @pytest.fixture(scope="module")
-def iris(tmp_path_factory):
-    """The registered iris model: (tracking URI, its downloaded model directory)."""
-    from mlflow import MlflowClient
-
-    from demo.iris import log_iris
-    from pipelines.registry import MlflowRegistry
-
-    root = tmp_path_factory.mktemp("iris")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    MlflowClient(tracking_uri=uri).create_experiment("modelplane-demo", artifact_location=(root / "a").as_uri())
-    log_iris(uri)
-    return uri, Path(MlflowRegistry(uri).download("iris", "1", root / "model"))
-
-
-@pytest.fixture(scope="module")
 def images_root(tmp_path_factory):
     return tmp_path_factory.mktemp("images")
 

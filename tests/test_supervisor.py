@@ -19,20 +19,6 @@ COLUMNS = ["sepal length (cm)", "sepal width (cm)", "petal length (cm)", "petal 
 
 
 
-@pytest.fixture(scope="module")
-def iris_dir(tmp_path_factory):
-    from mlflow import MlflowClient
-
-    from demo.iris import log_iris
-    from pipelines.registry import MlflowRegistry
-
-    root = tmp_path_factory.mktemp("iris")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    MlflowClient(tracking_uri=uri).create_experiment("modelplane-demo", artifact_location=(root / "a").as_uri())
-    log_iris(uri)
-    return MlflowRegistry(uri).download("iris", "1", root / "model")
-
-
 # Short liveness thresholds so that a hang is found in seconds (the defaults: 30, 60, 30 s).
 QUICK_LIVENESS = LivenessConfig(idle_probe_after_s=2.0, hang_after_s=3.0, probe_timeout_s=2.0)
 

@@ -42,13 +42,16 @@ def main() -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     hardware = detect_local().key
     cluster = from_settings(settings, engine)
+    # Replicas' CPU use (the vertical axis) is read from their processes on this machine; on
+    # Kubernetes they are pods elsewhere and it is not read (docs/kubernetes.md).
+    cpu = LocalCpu(engine) if settings.cluster == "local" else None
     tokens = TokenStore(engine)
     token_id, token = tokens.create([], admin=True, description=f"autoscaler pid {os.getpid()}")
     lease = Lease(engine, AUTOSCALER_LEASE, f"{socket.gethostname()}:{os.getpid()}", ttl_s=AUTOSCALER_LEASE_TTL_S)
     log = lambda message: print(message, flush=True)  # noqa: E731
     controller = Controller(
         plans=lambda: with_desired(read_plans(engine, hardware), cluster), replicas=lambda rid: replica_counts(cluster, rid),
-        load=RouterLoad(RouterStore(engine), token, log=log), stats=ReplicaMetrics(cpu=LocalCpu(engine)),
+        load=RouterLoad(RouterStore(engine), token, log=log), stats=ReplicaMetrics(cpu=cpu),
         scale=cluster.scale,
         recorder=ScalingStore(engine), is_leader=lease.acquire, clock=WallClock(),
         config=ControllerConfig(), log=log)
