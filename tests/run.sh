@@ -18,4 +18,4 @@ then
   fi
 fi
 
-exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
+exec .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
