@@ -87,7 +87,11 @@ class FakeReplica:
         await self._maybe_close(request)
         payload = await request.json()
         self.requests.append(("/invocations", payload))
-        rows = payload.get("dataframe_split", {}).get("data", [])
+        split = payload.get("dataframe_split") if isinstance(payload, dict) else None
+        rows = split.get("data") if isinstance(split, dict) else []
+        if not isinstance(rows, list):  # as the real scoring server: a 400 that says why, not a crash
+            return web.json_response({"error_code": "BAD_REQUEST", "message": "dataframe_split.data must be a list"},
+                                     status=400)
         return web.json_response({"predictions": [self.name] * len(rows)})
 
     async def _openai(self, request: web.Request) -> web.StreamResponse:

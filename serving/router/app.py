@@ -33,6 +33,7 @@ from serving.router.activator import Activator
 from serving.router.admission import RouterError
 from serving.router.balancing.keys import prefix_key, session_key
 from serving.router.config import RouterConfig
+from serving.router.openapi import DOCUMENT as OPENAPI
 from serving.router.gatekeeper import Gatekeeper
 from serving.router.inference_log import InferenceLogWriter, LogSink
 from serving.router.latency import LatencyWindow
@@ -342,6 +343,7 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
             Route("/metrics", metrics_route, methods=["GET"]),
             Route("/internal/in-flight", in_flight, methods=["GET"]),
             Route("/internal/replicas", replicas, methods=["GET"]),
+            Route("/openapi.json", lambda _request: JSONResponse(OPENAPI), methods=["GET"]),
         ],
         lifespan=lifespan,
     )
