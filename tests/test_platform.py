@@ -140,7 +140,12 @@ def finished_run(platform, partition: str, timeout_s: float) -> dict:
 def token(platform, *endpoints: str) -> str:
     created = platform.cli("tokens", "create", *[a for e in endpoints for a in ("--endpoint", e)])
     assert created.returncode == 0, created.stderr
-    return created.stdout.strip().splitlines()[-1]
+    value = created.stdout.strip().splitlines()[-1]
+    CREATED_TOKENS.append(value)  # no log may show it (test_no_log_holds_a_token_or_a_secret)
+    return value
+
+
+CREATED_TOKENS: list[str] = []
 
 
 REGISTER_IRIS = ("import sys; from demo.iris import log_iris; v = log_iris(sys.argv[1]);"
@@ -245,6 +250,53 @@ def test_moving_the_alias_back_serves_the_old_version_again_without_rebuilding_i
     answer = httpx.post(f"{platform.url('router')}/serving-endpoints/iris/invocations", json=IRIS_REQUEST,
                         headers={"Authorization": f"Bearer {token(platform, 'iris')}"}, timeout=30)
     assert answer.status_code == 200, answer.text
+
+
+def platform_processes(platform) -> list[psutil.Process]:
+    """Every process `up` started, and the replicas a restarted supervisor adopted (found by their paths)."""
+    found = {platform.process.pid: psutil.Process(platform.process.pid)}
+    for process in [*found.values(), *psutil.Process(platform.process.pid).children(recursive=True)]:
+        found[process.pid] = process
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if str(platform.home) in " ".join(process.cmdline()):
+                found[process.pid] = process
+    return list(found.values())
+
+
+def test_every_listening_socket_of_the_platform_is_on_loopback(platform):
+    """After the deploys: MLflow, Dagster, the admin API, the registry, the router, the supervisor's
+    replicas (pyfunc and vLLM, with its engine processes), the warm pool and the mount daemons."""
+    listening = []
+    for process in platform_processes(platform):
+        with contextlib.suppress(psutil.Error):
+            for connection in process.net_connections(kind="inet"):
+                if connection.status == psutil.CONN_LISTEN:
+                    listening.append((process.pid, " ".join(process.cmdline())[:120], connection.laddr))
+    assert len({pid for pid, _, _ in listening}) >= 5, listening  # the services, at least
+    exposed = [(pid, cmd, f"{address.ip}:{address.port}") for pid, cmd, address in listening
+               if address.ip not in ("127.0.0.1", "::1")]
+    assert exposed == [], exposed
+
+
+def test_no_log_holds_a_token_or_a_secret(platform):
+    """Every file the platform wrote but its stores and secrets file: no bearer token the tests
+    created, no webhook secret, no encryption key."""
+    import json
+
+    secrets = json.loads((platform.home / "secrets.json").read_text())
+    needles = [*CREATED_TOKENS, *(v for v in secrets.values() if isinstance(v, str) and len(v) >= 16)]
+    assert CREATED_TOKENS and len(needles) > len(CREATED_TOKENS)
+    skipped_dirs = {"images", "models", "registry", "artifacts"}  # binary content: layers, weights, blobs
+    checked, leaks = 0, []
+    for path in platform.home.rglob("*"):
+        if (not path.is_file() or path.name == "secrets.json" or ".db" in path.name
+                or skipped_dirs & set(path.relative_to(platform.home).parts) or path.stat().st_size > 64 << 20):
+            continue
+        text = path.read_bytes().decode("utf-8", "replace")
+        checked += 1
+        leaks += [(str(path), needle[:6] + "…") for needle in needles if needle in text]
+    assert checked >= 10 and leaks == [], leaks
 
 
 def service_process(platform, module: str) -> psutil.Process | None:
