@@ -16,7 +16,9 @@ from typing import Annotated
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-MODEL_URI = re.compile(r"^models:/(?P<model>[A-Za-z0-9][A-Za-z0-9_.\-]*)@(?P<alias>[A-Za-z][A-Za-z0-9_\-]*)$")
+#: A registered model's name as modelplane serves it: never a path, never a control character.
+MODEL_NAME = r"[A-Za-z0-9][A-Za-z0-9_.\-]*"
+MODEL_URI = re.compile(rf"^models:/(?P<model>{MODEL_NAME})@(?P<alias>[A-Za-z][A-Za-z0-9_\-]*)$")
 ENDPOINT_NAME = r"^[a-z0-9]([a-z0-9\-]{0,61}[a-z0-9])?$"
 MAX_SPEC_BYTES = 64 * 1024
 

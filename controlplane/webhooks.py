@@ -21,11 +21,12 @@ import json
 import re
 from dataclasses import dataclass
 
+from controlplane.specs import MODEL_NAME
+
 SIGNATURE_VERSION = "v1"
 DEFAULT_TOLERANCE_S = 300.0
 MAX_BODY_BYTES = 256 * 1024
-#: Names a spec can refer to (``controlplane.specs.MODEL_URI``): never a path, never a control character.
-MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,255}$")
+MAX_MODEL_NAME_CHARS = 256
 #: The registry events that can put a new version behind an alias.
 EVENTS = ("model_version.created", "model_version_alias.created")
 
@@ -102,7 +103,7 @@ def parse_event(delivery_id: str, body: bytes) -> RegistryEvent:
         name = data["name"]
     except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested past the parser's depth
         raise WebhookRejected(400, "body must be JSON with entity, action and data.name") from None
-    if not isinstance(name, str) or not MODEL_NAME.match(name):
+    if not isinstance(name, str) or len(name) > MAX_MODEL_NAME_CHARS or not re.fullmatch(MODEL_NAME, name):
         raise WebhookRejected(400, "data.name must be a registered model name modelplane can serve: letters, "
                                    "digits, '_', '.', '-', starting with a letter or digit, at most 256 characters")
     if not isinstance(data.get("alias"), (str, type(None))):

@@ -26,7 +26,7 @@ from kubernetes.client.rest import ApiException
 from cluster.kubernetes import manifests
 from cluster.kubernetes.config import (DELETION_COST, FIELD_MANAGER, REVISION_ANNOTATION, REVISION_LABEL,
                                        KubernetesConfig)
-from cluster.kubernetes.discovery import SELECTOR, SliceWatcher, replicas_from_slices
+from cluster.kubernetes.discovery import SELECTOR, SliceWatcher, list_slices, replicas_from_slices
 from cluster.protocol import Replica, RevisionSpec
 
 APPLY = "application/apply-patch+yaml"
@@ -85,8 +85,7 @@ class KubernetesCluster:
         selector = SELECTOR
         if revision_id is not None:
             selector += f",{REVISION_LABEL}={manifests.object_name(revision_id)}"
-        found = self._discovery.list_namespaced_endpoint_slice(self.config.namespace, label_selector=selector)
-        slices = [self._discovery.api_client.sanitize_for_serialization(item) for item in found.items]
+        slices, _ = list_slices(self._discovery, self.config.namespace, selector)
         return replicas_from_slices(slices, self.revision_of)
 
     def desired_replicas(self, revision_id: str) -> int:

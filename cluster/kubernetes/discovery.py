@@ -68,6 +68,13 @@ def replicas_from_slices(slices: Iterable[Mapping], revision_of: Callable[[str],
     return sorted(found.values(), key=lambda r: r.replica_id)
 
 
+def list_slices(api: DiscoveryV1Api, namespace: str, selector: str) -> tuple[list[dict], str]:
+    """The EndpointSlices the selector picks, as the API's JSON, and the list's resourceVersion."""
+    body = json.loads(api.list_namespaced_endpoint_slice(namespace, label_selector=selector,
+                                                         _preload_content=False).data)
+    return body.get("items") or [], body["metadata"]["resourceVersion"]
+
+
 class Expired(Exception):
     """410 Gone: the resourceVersion asked for is older than the server's history."""
 
@@ -87,18 +94,21 @@ class SliceWatcher:
         return replicas_from_slices(self.slices.values(), self._revision_of)
 
     def relist(self) -> None:
-        answer = self._api.list_namespaced_endpoint_slice(self._namespace, label_selector=SELECTOR,
-                                                          _preload_content=False)
-        body = json.loads(answer.data)
-        self.slices = {item["metadata"]["name"]: item for item in body.get("items") or []}
-        self.resource_version = body["metadata"]["resourceVersion"]
+        items, self.resource_version = list_slices(self._api, self._namespace, SELECTOR)
+        self.slices = {item["metadata"]["name"]: item for item in items}
         self.relists += 1
 
     def events(self) -> Iterator[dict]:
-        """One watch request from ``resource_version``: its change events, applied as they come."""
-        answer = self._api.list_namespaced_endpoint_slice(
-            self._namespace, label_selector=SELECTOR, watch=True, resource_version=self.resource_version,
-            allow_watch_bookmarks=True, timeout_seconds=self._watch_timeout_s, _preload_content=False)
+        """One watch request from ``resource_version``: its change events, applied as they come.
+        Raises :class:`Expired` for a 410, whether the server answers the request or the stream with it."""
+        try:
+            answer = self._api.list_namespaced_endpoint_slice(
+                self._namespace, label_selector=SELECTOR, watch=True, resource_version=self.resource_version,
+                allow_watch_bookmarks=True, timeout_seconds=self._watch_timeout_s, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 410:
+                raise Expired(exc.reason) from None
+            raise
         try:
             for line in iter_resp_lines(answer):
                 if not line:
@@ -124,35 +134,30 @@ class SliceWatcher:
     def changes(self, stop: Callable[[], bool] = lambda: False) -> Iterator[list[Replica]]:
         """The replica list now, then after each change; survives broken streams and 410s until ``stop()``."""
         self.relist()
-        last = self.replicas()
-        yield last
-        while not stop():
-            try:
-                for _ in self.events():
-                    current = self.replicas()
-                    if current != last:
-                        last = current
-                        yield current
-                    if stop():
-                        return
-            except Expired as gone:
-                log.info("EndpointSlice watch expired (%s): listing afresh", gone)
-                self._relist_until_it_works(stop)
-            except ApiException as exc:
-                if exc.status == 410:
-                    self._relist_until_it_works(stop)
-                else:
-                    log.warning("EndpointSlice watch failed (%s %s); watching again", exc.status, exc.reason)
-                    self._sleep(self._retry_s)
-            except Exception as exc:  # noqa: BLE001 - a broken connection: resume from the last resourceVersion
-                log.warning("EndpointSlice watch broke (%s: %s); watching again", type(exc).__name__, exc)
-                self._sleep(self._retry_s)
-            else:
-                continue
+        last = None
+        for _ in self._moments(stop):
             current = self.replicas()
             if current != last:
                 last = current
                 yield current
+
+    def _moments(self, stop: Callable[[], bool]) -> Iterator[None]:
+        """Once now, after each event, and after each recovery: when the picture may have changed."""
+        yield
+        while not stop():
+            try:
+                for _ in self.events():
+                    yield
+                    if stop():
+                        return
+                continue  # the stream ended (timeoutSeconds): watch again from where it stopped
+            except Expired as gone:
+                log.info("EndpointSlice watch expired (%s): listing afresh", gone)
+                self._relist_until_it_works(stop)
+            except Exception as exc:  # noqa: BLE001 - a broken connection or a server error: resume from the last resourceVersion
+                log.warning("EndpointSlice watch broke (%s: %s); watching again", type(exc).__name__, exc)
+                self._sleep(self._retry_s)
+            yield
 
     def _relist_until_it_works(self, stop: Callable[[], bool]) -> None:
         while not stop():
