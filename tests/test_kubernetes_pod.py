@@ -63,7 +63,8 @@ def test_an_idle_replica_is_probed_and_lives_and_a_stopped_one_is_found_hung(pod
     assert read_state(args.state)[0].probe_sent_at_s is None  # its completion moved the counter
     os.killpg(process.pid, signal.SIGSTOP)  # a silent hang: nothing answers, nothing moves
     assert live(args, now_s=1040.0) == 0  # /metrics unanswered: not hung yet
-    assert live(args, now_s=1101.0) == 1  # unanswered for hang_after_s (60 s): the kubelet restarts it
+    assert live(args, now_s=1055.0) == 0
+    assert live(args, now_s=1061.0) == 1  # unanswered for unanswered_after_s (20 s): the kubelet restarts it
 
 
 def test_the_drain_hook_returns_once_nothing_is_in_flight(pod):

@@ -5,7 +5,7 @@ as an exec probe: each run scrapes ``/metrics``, reads what the last run remembe
 state file, calls the same pure ``decide``, sends the runtime's one-token probe request when
 the replica has been idle too long, writes the state back and exits 1 only on HUNG. A
 saturated replica whose counters move is never killed; a stopped engine is, within
-``hang_after_s``.
+``hang_after_s``, and a server that answers no scrape at all within ``unanswered_after_s``.
 
 ``drain`` is the preStop hook: it waits ``--settle-s`` for the routers to see the endpoint
 terminating (they watch EndpointSlices), then until nothing is in flight or queued, at most
@@ -68,8 +68,8 @@ def live(args: argparse.Namespace, now_s: float | None = None) -> int:
     except (OSError, urllib.error.URLError) as exc:
         unanswered_since_s = unanswered_since_s if unanswered_since_s is not None else now_s
         write_state(state_path, state, unanswered_since_s)
-        if now_s - unanswered_since_s >= config.hang_after_s:
-            print(f"hung: /metrics unanswered for {config.hang_after_s:.0f} s ({exc})")
+        if now_s - unanswered_since_s >= config.unanswered_after_s:
+            print(f"hung: /metrics unanswered for {config.unanswered_after_s:.0f} s ({exc})")
             return 1
         return 0
     verdict, state = decide(progress, state, now_s, config)

@@ -304,8 +304,8 @@ class ManagedReplica:
                 except httpx.HTTPError as exc:
                     # A replica too busy to answer a scrape for as long as a hang counts as hung.
                     unanswered_since_s = unanswered_since_s or now_s
-                    if now_s - unanswered_since_s >= liveness.hang_after_s:
-                        return f"hung: /metrics unanswered for {liveness.hang_after_s:.0f} s ({exc})"
+                    if now_s - unanswered_since_s >= liveness.unanswered_after_s:
+                        return f"hung: /metrics unanswered for {liveness.unanswered_after_s:.0f} s ({exc})"
                     continue
                 unanswered_since_s = None
                 verdict, state = decide(progress, state, now_s, liveness)

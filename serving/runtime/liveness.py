@@ -56,9 +56,13 @@ class LivenessConfig:
     idle_probe_after_s: float = 30.0  # idle this long with no completion → probe
     hang_after_s: float = 60.0  # work outstanding this long with no completion → hung
     probe_timeout_s: float = 30.0  # a probe unanswered this long → hung
+    # /metrics not answered at all this long → hung: a stopped or wedged server. A saturated
+    # replica still answers its scrapes (vLLM's and the pyfunc server's /metrics are served by
+    # their API process, apart from the engine), so this can be shorter than hang_after_s.
+    unanswered_after_s: float = 20.0
 
     def __post_init__(self) -> None:
-        for name in ("idle_probe_after_s", "hang_after_s", "probe_timeout_s"):
+        for name in ("idle_probe_after_s", "hang_after_s", "probe_timeout_s", "unanswered_after_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.idle_probe_after_s + self.probe_timeout_s < self.hang_after_s:
