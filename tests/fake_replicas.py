@@ -20,7 +20,8 @@ class FakeReplica:
         self.name = name
         # "ok" | "close" (drop the connection after reading the request, before answering) |
         # "stall" (read the request, never answer) | "huge" (answer with a body of ``huge_bytes``) |
-        # "cut" (stream two chunks, then drop the connection) | "error" (answer 500 with a JSON body)
+        # "cut" (stream two chunks, then drop the connection) | "error" (answer 500 with a JSON body) |
+        # "die" (read the first request, stop listening and drop the connection: a process killed mid-request)
         self.behaviour = behaviour
         self.huge_bytes = 4 << 20
         self.requests: list[tuple[str, dict]] = []
@@ -74,8 +75,13 @@ class FakeReplica:
         return web.Response(text=f"{COMPLETED}_total {len(self.requests)}\n{IN_FLIGHT} 0\n{QUEUE_DEPTH} 0\n")
 
     async def _maybe_close(self, request: web.Request) -> None:
-        if self.behaviour in ("close", "stall"):
+        if self.behaviour in ("close", "stall", "die"):
             self.requests.append((request.path, await request.json()))  # it reached the replica
+        if self.behaviour == "die":
+            for site in self._runner.sites:
+                site._server.close()  # the port refuses from now on, as a dead process's does
+            request.transport.close()
+            raise ConnectionResetError("died before answering")
         if self.behaviour == "close":
             request.transport.close()
             raise ConnectionResetError("closed before answering")

@@ -51,6 +51,17 @@ def test_a_failure_after_sending_never_moves_the_request_to_another_replica(gec)
     assert len(good.requests) == 16 - len(failed)
 
 
+@pytest.mark.parametrize("gec", ["die"], indirect=True)
+def test_a_request_whose_replica_died_with_it_is_answered_by_another(gec):
+    """The connection broke and the port now refuses: the process and the request's work are gone,
+    so another replica runs it (once), and later requests are not sent to the dead one."""
+    bad, good = gec
+    with make_router(table_for([bad.url, good.url], [])) as client:
+        answers = [client.post("/v1/chat/completions", json=CHAT_BODY, headers=auth(GEC_TOKEN)) for _ in range(16)]
+    assert [a.status_code for a in answers] == [200] * 16
+    assert len(bad.requests) == 1 and len(good.requests) == 16  # P2C's ties reach the dead one: 1 - 2^-16
+
+
 def test_connection_refused_is_still_retried_on_another_replica():
     good = FakeReplica("gec-ok").start()
     try:

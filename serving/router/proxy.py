@@ -1,9 +1,11 @@
 """The router's proxy to replicas (aiohttp): pick, send, retry before sending, relay, eject, shadow.
 
-A request moves to another replica only when it cannot have reached the first (the
-connection was refused or could not be made in time). Once it was sent, a replica that
-stops answering is a 504 and one that closes the connection a 502: a generation never
-runs twice.
+A request moves to another replica only when it cannot be running on the first: the
+connection was refused or could not be made in time, or the connection broke before any
+answer and the replica no longer accepts connections (its process died, and the request's
+work with it: a SIGKILLed or crashed replica). Otherwise, once it was sent, a replica that
+stops answering is a 504 and one that closes the connection but still listens a 502: a
+generation never runs twice.
 
 Per request: the revision (the serving one, or the canary by its share,
 ``serving.router.traffic``), then the replica: by the endpoint's sticky key within its load
@@ -23,6 +25,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import aiohttp
 from starlette.responses import Response, StreamingResponse
@@ -188,6 +191,14 @@ class Proxy:
                 last_error = f"{type(exc).__name__}: {exc}"
                 log.warning("replica %s could not be reached (%s); trying another", url, last_error)
                 continue
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                self._release(route.name, url, units)
+                self._outcome(route, replicas, url, failed=True)
+                if not await self._gone(url):
+                    raise self._after_sending(upstream, exc) from None
+                last_error = f"{type(exc).__name__}: {exc}, and it no longer accepts connections"
+                log.warning("replica %s died with the request (%s); trying another", url, last_error)
+                continue
             except BaseException as exc:
                 self._release(route.name, url, units)
                 if not isinstance(exc, asyncio.CancelledError):  # a timeout or a reset counts against it
@@ -198,6 +209,29 @@ class Proxy:
                                      lambda failed: self._outcome(route, replicas, url, failed))
         raise RouterError(503, f"no replica of {route.name!r} could be reached ({last_error}); retry shortly",
                           {"Retry-After": str(self.config.retry_after_s)})
+
+    async def _gone(self, url: str) -> bool:
+        """Whether the replica at ``url`` refuses connections now: its process is gone (the
+        kernel closed its listening socket), so nothing it was sent can still be running."""
+        address = urlsplit(url)
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(address.hostname, address.port),
+                                                    self.config.connect_timeout_s)
+        except (ConnectionRefusedError, ConnectionResetError):
+            return True
+        except (OSError, asyncio.TimeoutError):
+            return False  # unreachable is not proof of death: the request may be running there
+        try:
+            # A process group dies one process at a time: a worker may hold the listening socket
+            # a moment longer, and then the connection the kernel accepted for it is reset. A
+            # live server keeps an idle new connection open.
+            return await asyncio.wait_for(reader.read(1), self.config.connect_timeout_s / 4) == b""
+        except ConnectionResetError:
+            return True
+        except (OSError, asyncio.TimeoutError):
+            return False
+        finally:
+            writer.close()
 
     def _take(self, endpoint: str, url: str, units: float, attempt: int) -> None:
         self.in_flight[url] += units
