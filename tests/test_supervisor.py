@@ -20,7 +20,7 @@ COLUMNS = ["sepal length (cm)", "sepal width (cm)", "petal length (cm)", "petal 
 
 
 # Short liveness thresholds so that a hang is found in seconds (the defaults: 30, 60, 30 s).
-QUICK_LIVENESS = LivenessConfig(idle_probe_after_s=2.0, hang_after_s=3.0, probe_timeout_s=2.0)
+QUICK_LIVENESS = LivenessConfig(idle_probe_after_s=2.0, hang_after_s=3.0, probe_timeout_s=2.0, unanswered_after_s=3.0)
 
 
 @pytest.fixture
@@ -281,3 +281,34 @@ def test_a_new_supervisor_adopts_the_replica_a_victim_left_behind_without_renami
         supervisor.stop_all()
         kill_groups([pid])
         engine.dispose()
+
+
+LISTENER = "import os, socket, time; s = socket.socket(); s.bind(('127.0.0.1', int(os.environ['PORT']))); " \
+           "s.listen(); print('listening', flush=True); time.sleep(60)"
+
+
+def test_an_adoptable_replica_process_names_its_port_or_listens_on_it(tmp_path):
+    """A cold start has its port on its command line; a replica forked from a zygote whose
+    environment lacks setproctitle keeps the zygote's, and is found by its listening socket."""
+    import subprocess
+    import sys
+
+    from cluster.local.adoption import replica_process
+    from cluster.local.replica import free_port
+
+    port, other = free_port("127.0.0.1"), free_port("127.0.0.1")
+    named = subprocess.Popen([sys.executable, "-c", LISTENER, "--port", str(port)], stdout=subprocess.PIPE,
+                             env={**os.environ, "PORT": str(port)})
+    hidden = subprocess.Popen([sys.executable, "-c", LISTENER], stdout=subprocess.PIPE,
+                              env={**os.environ, "PORT": str(other)})
+    try:
+        named.stdout.readline(), hidden.stdout.readline()
+        assert replica_process(named.pid, port)
+        assert str(other) not in " ".join(psutil.Process(hidden.pid).cmdline())  # only its socket tells
+        assert replica_process(hidden.pid, other)
+        assert not replica_process(hidden.pid, port)  # a reused pid serving another port is not it
+        assert not replica_process(None, port)
+    finally:
+        named.kill(), hidden.kill()
+        named.wait(), hidden.wait()
+    assert not replica_process(named.pid, port)  # gone

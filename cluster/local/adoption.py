@@ -45,12 +45,17 @@ class AdoptedProcess:
 
 
 def replica_process(pid: int | None, port: int) -> bool:
-    """True when ``pid`` is alive and is the replica serving ``port`` (not a reused pid)."""
+    """True when ``pid`` is alive and is the replica serving ``port`` (not a reused pid): the port
+    is on its command line (a cold start), or it listens on it (a replica the warm pool forked
+    from a zygote keeps the zygote's command line)."""
     if not pid:
         return False
     try:
         process = psutil.Process(pid)
-        return process.status() != psutil.STATUS_ZOMBIE and str(port) in process.cmdline()
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return str(port) in process.cmdline() or any(
+            c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in process.net_connections(kind="inet"))
     except (psutil.Error, ProcessLookupError):
         return False
 
