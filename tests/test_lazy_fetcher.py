@@ -211,6 +211,43 @@ def test_registry_errors_are_retried_with_backoff_then_eio(failures, sleeps, suc
         assert registry.url in str(error) and "connection refused" in str(error)
 
 
+class SlowFailures(FailingRegistry):
+    """A stopped registry: each request fails after ``request_s`` of a fake clock."""
+
+    def __init__(self, inner: FakeRegistry, clock: list[float], request_s: float) -> None:
+        super().__init__(inner, None)
+        self.clock, self.request_s = clock, request_s
+
+    def read_blob_range(self, repo: str, digest: str, start: int, length: int) -> bytes:
+        self.clock[0] += self.request_s
+        return super().read_blob_range(repo, digest, start, length)
+
+
+def test_a_read_gives_up_within_its_budget_and_reads_soon_after_fail_without_asking():
+    """5 s a request and a 12 s budget: two attempts, then EIO; for down_hold_s later reads
+    fail at once (the kernel retries page by page, and readers queue behind each other)."""
+    inner, now = FakeRegistry(), [0.0]
+    index, _ = push_seekable(inner, REPO, random_image(4), SECTOR)
+    registry = SlowFailures(inner, now, request_s=5.0)
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    with tempfile.TemporaryDirectory() as directory, \
+            lazy(registry, index, Path(directory), retries=3, backoff_s=0.2, read_budget_s=12.0, down_hold_s=2.0,
+                 sleep=sleep, clock=lambda: now[0]) as image:
+        with pytest.raises(OSError) as first:
+            image.read(0, SECTOR)
+        assert first.value.errno == errno.EIO and registry.attempts == 2 and now[0] == pytest.approx(10.2)
+        with pytest.raises(OSError, match="not asked for until then") as soon:
+            image.read(SECTOR, SECTOR)
+        assert soon.value.errno == errno.EIO and registry.attempts == 2
+        now[0] += 2.0
+        with pytest.raises(OSError, match="after 2 attempts"):
+            image.read(2 * SECTOR, SECTOR)
+        assert registry.attempts == 4  # held off no longer: the registry is asked again
+
+
 # -- the cache -----------------------------------------------------------------------------
 
 def allocated_bytes(directory: Path) -> int:

@@ -10,8 +10,12 @@ The guarantees a filesystem front end needs, and how they are kept:
 
 - *Right bytes or EIO, never a hang.* A sector that fails its digest is fetched again on its
   own, ``retries`` times; a registry error is retried with exponential backoff
-  (``backoff_s * 2**k``) through the injected ``sleep``. Then the read fails with
-  ``OSError(EIO)`` naming the sector or the registry. The registry client owns the timeouts.
+  (``backoff_s * 2**k``) through the injected ``sleep``, within ``read_budget_s`` in all. Then
+  the read fails with ``OSError(EIO)`` naming the sector or the registry. The registry client
+  owns the timeout of each request (``images.mount.sources``: 5 s without a byte). After a
+  registry failure, reads that need the registry fail at once for ``down_hold_s``: the kernel
+  asks again page by page and a loop device serves its readers one at a time, so without it a
+  stopped registry would hold each reader for every retry of every reader before it.
 - *One fetch per sector at a time.* A sector being fetched has a flight (an Event and its
   result); other readers of it wait for that flight instead of asking the registry again.
   The fetch puts the sector in the cache *before* its flight ends, so a reader that finds no
@@ -74,15 +78,19 @@ class LazyImage:
 
     def __init__(self, registry: Registry, repo: str, index: SectorIndex, cache: SectorCache, *,
                  parallel: int = 8, max_request_bytes: int = 32 << 20, retries: int = 3, backoff_s: float = 0.2,
+                 read_budget_s: float = 15.0, down_hold_s: float = 2.0,
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
-        if parallel < 1 or max_request_bytes < 1 or retries < 0 or backoff_s < 0:
+        if parallel < 1 or max_request_bytes < 1 or retries < 0 or backoff_s < 0 or read_budget_s <= 0 or down_hold_s < 0:
             raise ValueError(f"parallel ({parallel}) and max_request_bytes ({max_request_bytes}) must be >= 1, "
-                             f"retries ({retries}) and backoff_s ({backoff_s}) >= 0")
+                             f"retries ({retries}), backoff_s ({backoff_s}) and down_hold_s ({down_hold_s}) >= 0, "
+                             f"read_budget_s ({read_budget_s}) > 0")
         self.registry, self.repo, self.index, self.cache = registry, repo, index, cache
         self.data_digest = check_digest(index.data_digest)
         self.size = index.image_size
         self.parallel, self.max_request_bytes = parallel, max_request_bytes
         self.retries, self.backoff_s = retries, backoff_s
+        self.read_budget_s, self.down_hold_s = read_budget_s, down_hold_s
+        self._down_until = float("-inf")  # registry reads fail at once until then (set by a failed read)
         self._sleep, self._clock = sleep, clock
         self._pool = ThreadPoolExecutor(parallel, thread_name_prefix="lazy-fetch")
         self._lock = threading.Lock()
@@ -302,8 +310,15 @@ class LazyImage:
 
     def _read_range(self, start: int, length: int) -> bytes:
         """Stored bytes from the registry, retried with backoff; OSError(EIO) when it keeps failing."""
+        started = self._clock()
+        if started < self._down_until:
+            raise OSError(errno.EIO, f"registry {self.registry.url} failed a read less than {self.down_hold_s:g} s "
+                                     f"ago; bytes {start}+{length} of {self.data_digest} are not asked for until then")
         failure: Exception | None = None
+        attempts = 0
         for attempt in range(self.retries + 1):
+            attempts += 1
+            attempt_started = self._clock()
             try:
                 data = self.registry.read_blob_range(self.repo, self.data_digest, start, length)
             except NotFound as exc:  # the blob is gone: asking again will not bring it back
@@ -311,13 +326,18 @@ class LazyImage:
                                          f"in {self.repo}: {exc}") from exc
             except (RegistryError, OSError) as exc:
                 failure = exc
-                if attempt < self.retries:
-                    self._sleep(self.backoff_s * 2 ** attempt)
+                # another attempt only if, as long as this one, it would end within the budget
+                delay, now = self.backoff_s * 2 ** attempt, self._clock()
+                if attempt == self.retries or now - started + delay + (now - attempt_started) > self.read_budget_s:
+                    break
+                self._sleep(delay)
                 continue
             self._count(requests=1, bytes_fetched=len(data))
             return data
+        self._down_until = self._clock() + self.down_hold_s
         raise OSError(errno.EIO, f"registry {self.registry.url} failed to return bytes {start}+{length} of "
-                                 f"{self.data_digest} after {self.retries + 1} attempts: {failure}") from failure
+                                 f"{self.data_digest} after {attempts} attempts in {self._clock() - started:.1f} s: "
+                                 f"{failure}") from failure
 
     def _finish(self, number: int, *, data: bytes | None = None, error: OSError | None = None) -> None:
         with self._lock:  # once popped no reader can join, so ``wanted`` is final

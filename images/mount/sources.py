@@ -82,7 +82,10 @@ def _open_registry(spec: dict) -> BlockSource:
     from images.lazy.fetcher import open_lazy
     from images.oci.client import HttpRegistry
 
-    registry = HttpRegistry(spec["url"], username=os.environ.get(USERNAME_ENV), password=os.environ.get(PASSWORD_ENV))
+    # 5 s without a byte fails a request (a stopped registry), however slow the link: the
+    # timeout bounds each read of the socket, not the transfer
+    registry = HttpRegistry(spec["url"], username=os.environ.get(USERNAME_ENV), password=os.environ.get(PASSWORD_ENV),
+                            timeout_s=float(spec.get("registry_timeout_s", 5.0)))
     max_cache_bytes = spec.get("max_cache_bytes")
     image = open_lazy(registry, spec["repo"], spec["index_digest"], Path(spec["cache_root"]),
                       max_cache_bytes=None if max_cache_bytes is None else int(max_cache_bytes),
