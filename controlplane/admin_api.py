@@ -9,6 +9,14 @@ Who may call what: ``/healthz`` anyone; ``/webhooks/mlflow`` whoever signs the d
 the webhook secret (MLflow sends no bearer token); every other route a bearer token with the
 ``admin`` scope (``modelplane tokens create --admin``): 401 without a known token, 403 for a
 token without the scope.
+
+While the control-plane database cannot be reached, every route answers 503 with a
+``Retry-After`` and says so (:func:`database_unavailable`), ``/healthz`` included: it tells a
+load balancer not to send traffic here. ``modelplane up`` reads ``/healthz`` only while it
+starts the services and restarts a service only when its process exits, so a 503 from a live
+admin API never gets it restarted. Every write is one transaction: a request answered 503
+changed nothing, unless its commit reached the database before the connection broke (then it
+happened whole).
 """
 
 from __future__ import annotations
@@ -21,6 +29,9 @@ from dataclasses import dataclass
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.concurrency import run_in_threadpool
 
 from controlplane.splits import Share, SplitError, SplitStore
 from controlplane.store import EndpointStore, WebhookInbox
@@ -56,8 +67,33 @@ class WebhookReceiver:
         return {"status": "accepted", "event": event.event, "model": event.registered_model}
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": message})
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": message}, headers=headers)
+
+
+DATABASE_RETRY_AFTER_S = 5
+
+
+def database_unavailable(exc: Exception) -> str | None:
+    """What to tell a caller when ``exc`` means the database cannot serve requests now
+    (unreachable, connection lost, locked, no pooled connection free); None for any other
+    error, which is a bug and stays a 500.
+
+    >>> refused = OperationalError("SELECT 1", {}, ConnectionRefusedError("Connection refused\\n  Is the server …"))
+    >>> database_unavailable(refused)[:87]
+    'the control-plane database is unreachable (ConnectionRefusedError: Connection refused);'
+    >>> database_unavailable(DBAPIError("INSERT …", {}, ValueError("bad value"))) is None
+    True
+    """
+    if isinstance(exc, PoolTimeout):
+        detail = "every pooled connection is busy"
+    elif isinstance(exc, (OperationalError, InterfaceError)) or getattr(exc, "connection_invalidated", False):
+        orig = getattr(exc, "orig", None) or exc
+        detail = f"{type(orig).__name__}: {(str(orig).splitlines() or [''])[0][:200]}"
+    else:
+        return None
+    return (f"the control-plane database is unreachable ({detail}); retry in a few seconds, and if it lasts, "
+            "check the database that MODELPLANE_DATABASE_URL names")
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -98,6 +134,14 @@ def create_app(engine: Engine, receiver: WebhookReceiver, max_body_bytes: int = 
     async def _rejected(_request: Request, exc: WebhookRejected) -> JSONResponse:
         return _error(exc.status, str(exc))
 
+    @app.exception_handler(DBAPIError)
+    @app.exception_handler(PoolTimeout)
+    async def _database_down(_request: Request, exc: Exception) -> JSONResponse:
+        message = database_unavailable(exc)
+        if message is None:
+            raise exc
+        return _error(503, message, {"Retry-After": str(DATABASE_RETRY_AFTER_S)})
+
     @app.get("/healthz")
     def healthz() -> dict:
         with engine.connect() as connection:
@@ -107,7 +151,7 @@ def create_app(engine: Engine, receiver: WebhookReceiver, max_body_bytes: int = 
     @app.post("/webhooks/mlflow")
     async def mlflow_webhook(request: Request) -> dict:
         body = await _read_body(request, max_body_bytes)
-        return receiver.receive(dict(request.headers), body)
+        return await run_in_threadpool(receiver.receive, dict(request.headers), body)  # off the event loop
 
     @app.get("/endpoints", dependencies=[Depends(require_admin)])
     def list_endpoints() -> list[dict]:
@@ -137,7 +181,8 @@ def create_app(engine: Engine, receiver: WebhookReceiver, max_body_bytes: int = 
             body = json.loads(await _read_body(request, 16 * 1024))
             if not isinstance(body, dict) or not body or set(body) - {"canary", "shadow"}:
                 raise ValueError("send a JSON object with 'canary' and/or 'shadow'")
-            return splits.set(name, **{key: _share(key, value) for key, value in body.items()}).to_json()
+            shares = {key: _share(key, value) for key, value in body.items()}
+            return (await run_in_threadpool(splits.set, name, **shares)).to_json()  # off the event loop
         except SplitError as exc:
             return _error(exc.status, str(exc))
         except ValueError as exc:
