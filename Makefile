@@ -9,7 +9,7 @@ VENV := .venv
 QVENV := .venv-quantize
 PYTEST_ARGS ?=
 
-.PHONY: demo test up envs sysdeps lock clean-state schema
+.PHONY: demo test test-faults up envs sysdeps lock clean-state schema
 
 demo: envs sysdeps
 	$(VENV)/bin/modelplane demo
@@ -17,8 +17,13 @@ demo: envs sysdeps
 up: envs sysdeps
 	$(VENV)/bin/modelplane up
 
+# The suite, then the fault table (tests/test_faults.py: about 20 minutes on 2 cores).
 test: envs sysdeps
-	bash tests/run.sh $(PYTEST_ARGS)
+	bash tests/run.sh -m "not faults" $(PYTEST_ARGS)
+	$(MAKE) test-faults
+
+test-faults: envs sysdeps
+	bash tests/run.sh -m faults tests/test_faults.py $(PYTEST_ARGS)
 
 envs: $(VENV)/.installed $(QVENV)/.installed
 

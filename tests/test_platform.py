@@ -8,76 +8,28 @@ stop it all with SIGTERM and look for leftover processes.
 """
 
 import contextlib
-import os
 import signal
 import threading
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from tests.conftest import free_port, wait_for
+from benchmarks.reliability.platform import IRIS_REQUEST, REGISTER_IRIS, RunningPlatform
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parent.parent
-MODELPLANE = str(Path(sys.executable).parent / "modelplane")
-RUNS_QUERY = """query($tags: [ExecutionTag!]) { runsOrError(filter: {tags: $tags}) { ... on Runs { results { runId status
-  tags { key value } } } } }"""
-
-
-
-class RunningPlatform:
-    def __init__(self, home: Path, database_url: str | None = None, *args: str) -> None:
-        self.home = home
-        self.ports = {"MODELPLANE_MLFLOW_PORT": free_port(), "MODELPLANE_DAGSTER_PORT": free_port(),
-                      "MODELPLANE_ADMIN_PORT": free_port(), "MODELPLANE_ROUTER_PORT": free_port()}
-        self.env = {**os.environ, "MODELPLANE_HOME": str(home), **{k: str(v) for k, v in self.ports.items()}}
-        self.env.pop("MODELPLANE_DATABASE_URL", None)
-        if database_url:
-            self.env["MODELPLANE_DATABASE_URL"] = database_url
-        self.env.pop("MLFLOW_TRACKING_URI", None)
-        self.output = home / "up.out"
-        home.mkdir(parents=True, exist_ok=True)
-        with self.output.open("wb") as out:
-            self.process = subprocess.Popen([MODELPLANE, "up", *args], cwd=REPO, env=self.env, stdout=out,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
-
-    def url(self, service: str) -> str:
-        return f"http://127.0.0.1:{self.ports[f'MODELPLANE_{service.upper()}_PORT']}"
-
-    def log(self) -> str:
-        return self.output.read_text()
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([MODELPLANE, *args], cwd=REPO, env=self.env, capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory):
     running = RunningPlatform(tmp_path_factory.mktemp("platform") / "home")
     try:
-        wait_for(lambda: "modelplane is up" in running.log() or running.process.poll() is not None, 300, "`up`")
-        assert running.process.poll() is None, running.log()
+        running.wait_up()
         yield running
     finally:
-        if running.process.poll() is None:
-            for child in psutil.Process(running.process.pid).children(recursive=True):
-                child.kill()
-            running.process.kill()
-        # replicas a restarted supervisor adopted are nobody's children: found by their paths
-        for process in psutil.process_iter():
-            try:
-                if str(running.home) in " ".join(process.cmdline()):
-                    process.kill()
-            except psutil.Error:
-                continue
-        from images.mounts import sweep_leftovers
-
-        sweep_leftovers(running.home / "images" / "runtime")  # the killed supervisor's image mounts
+        running.close()
 
 
 def test_up_prints_the_urls_and_every_service_answers(platform):
@@ -120,39 +72,24 @@ def test_up_registers_the_webhook_with_mlflow(platform):
 
 
 def register(platform, code: str) -> None:
-    """Run registration code in a fresh process against the platform's MLflow server."""
-    done = subprocess.run([sys.executable, "-c", code, platform.url("mlflow")], cwd=REPO, env=platform.env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    platform.register(code)
 
 
 def runs(platform, partition: str) -> list[dict]:
-    response = httpx.post(f"{platform.url('dagster')}/graphql", timeout=10, json={
-        "query": RUNS_QUERY, "variables": {"tags": [{"key": "dagster/partition", "value": partition}]}})
-    return response.json()["data"]["runsOrError"]["results"]
+    return platform.runs(partition)
 
 
 def finished_run(platform, partition: str, timeout_s: float) -> dict:
-    return wait_for(lambda: [r for r in runs(platform, partition) if r["status"] in ("SUCCESS", "FAILURE")],
-                    timeout_s, f"the {partition} run")[0]
+    return platform.finished_run(partition, timeout_s)
 
 
 def token(platform, *endpoints: str) -> str:
-    created = platform.cli("tokens", "create", *[a for e in endpoints for a in ("--endpoint", e)])
-    assert created.returncode == 0, created.stderr
-    value = created.stdout.strip().splitlines()[-1]
+    value = platform.token(*endpoints)
     CREATED_TOKENS.append(value)  # no log may show it (test_no_log_holds_a_token_or_a_secret)
     return value
 
 
 CREATED_TOKENS: list[str] = []
-
-
-REGISTER_IRIS = ("import sys; from demo.iris import log_iris; v = log_iris(sys.argv[1]);"
-                 "from mlflow import MlflowClient; MlflowClient(sys.argv[1], sys.argv[1]).set_registered_model_alias("
-                 "'iris', 'champion', v.version)")
-IRIS_REQUEST = {"dataframe_split": {"columns": ["sepal length (cm)", "sepal width (cm)", "petal length (cm)",
-                                                "petal width (cm)"], "data": [[5.1, 3.5, 1.4, 0.2]]}}
 
 
 def test_a_registered_version_is_deployed_and_answers_through_the_router(platform):
@@ -253,15 +190,7 @@ def test_moving_the_alias_back_serves_the_old_version_again_without_rebuilding_i
 
 
 def platform_processes(platform) -> list[psutil.Process]:
-    """Every process `up` started, and the replicas a restarted supervisor adopted (found by their paths)."""
-    found = {platform.process.pid: psutil.Process(platform.process.pid)}
-    for process in [*found.values(), *psutil.Process(platform.process.pid).children(recursive=True)]:
-        found[process.pid] = process
-    for process in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if str(platform.home) in " ".join(process.cmdline()):
-                found[process.pid] = process
-    return list(found.values())
+    return platform.processes()
 
 
 def test_every_listening_socket_of_the_platform_is_on_loopback(platform):
@@ -300,15 +229,7 @@ def test_no_log_holds_a_token_or_a_secret(platform):
 
 
 def service_process(platform, module: str) -> psutil.Process | None:
-    """The live process of a service `up` started (None while there is none)."""
-    found = []
-    for process in psutil.Process(platform.process.pid).children(recursive=True):
-        try:
-            if process.status() != psutil.STATUS_ZOMBIE and module in " ".join(process.cmdline()):
-                found.append(process)
-        except psutil.Error:
-            continue
-    return found[0] if found else None
+    return platform.service_process(module)
 
 
 def pyfunc_pids() -> set[int]:
