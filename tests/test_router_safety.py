@@ -73,6 +73,33 @@ def test_connection_refused_is_still_retried_on_another_replica():
     assert [a.status_code for a in answers] == [200] * 6
 
 
+@pytest.mark.parametrize("path, body, content_type, status, words", [
+    ("/v1/completions", b'{"model": "gec", "prompt": "hi"}', "text/plain", 415, "send 'Content-Type: application/json'"),
+    ("/v1/completions", b'{"model": "gec", "prompt": "hi"}', "application/x-www-form-urlencoded", 415, "curl -d"),
+    ("/v1/completions", b'{"model": "gec", "prompt": "hi"}', "application/json; charset=latin-1", 415, "application/json"),
+    ("/serving-endpoints/iris/invocations", b"a,b\n1,2", "text/csv", 415, "application/json"),
+    ("/v1/completions", b'{"model": "gec", "prompt": "\xff\xfe"}', "application/json", 400, "not valid UTF-8 (byte 28)"),
+    ("/serving-endpoints/iris/invocations", b"\xff\xfe", "application/json", 400, "not valid UTF-8"),
+    ("/v1/completions", b'{"model": "gec", "prompt": "hi", "max_tokens": -1}', "application/json", 400, "from 1 to"),
+    ("/v1/completions", b'{"model": "gec", "prompt": "hi", "max_tokens": 0}', "application/json", 400, "from 1 to"),
+    ("/v1/completions", b'{"model": "gec", "prompt": "hi", "max_tokens": 1e30}', "application/json", 400, "from 1 to"),
+    ("/v1/completions", b'{"model": "gec", "prompt": "hi", "max_tokens": "ten"}', "application/json", 400, "whole number"),
+    ("/v1/chat/completions", b'{"model": "gec", "messages": [{"role": "user", "content": "hi"}], '
+                             b'"max_completion_tokens": -5}', "application/json", 400, "max_completion_tokens must be"),
+])
+def test_a_wrong_content_type_invalid_utf8_or_a_token_count_out_of_range_is_a_4xx_naming_the_rule(
+        path, body, content_type, status, words):
+    good, iris = FakeReplica("gec-ok").start(), FakeReplica("iris-ok").start()
+    try:
+        with make_router(table_for([good.url], [iris.url])) as client:
+            token = IRIS_TOKEN if "iris" in path else GEC_TOKEN
+            response = client.post(path, content=body, headers=auth(token) | {"Content-Type": content_type})
+    finally:
+        good.stop(), iris.stop()
+    assert response.status_code == status and words in response.json()["error"]["message"], response.text
+    assert good.requests == iris.requests == []  # refused before any replica saw it
+
+
 @pytest.mark.parametrize("gec", ["error"], indirect=True)
 def test_a_replica_answering_5xx_is_relayed_with_its_message_and_not_retried(gec):
     bad, good = gec

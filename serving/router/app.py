@@ -37,6 +37,7 @@ from serving.router.openapi import DOCUMENT as OPENAPI
 from serving.router.gatekeeper import Gatekeeper
 from serving.router.inference_log import InferenceLogWriter, LogSink
 from serving.router.latency import LatencyWindow
+from serving.router.limits import check_content_type
 from serving.router.metrics import Metrics
 from serving.router.proxy import Exchange, Proxy
 from serving.router.recorder import Recorder
@@ -165,6 +166,7 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
         await proxy.close()
 
     async def read_body(request: Request) -> bytes:
+        check_content_type(request.headers.get("content-type"))
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > config.max_body_bytes:
             raise RouterError(413, f"body is {declared} bytes; this router accepts at most {config.max_body_bytes}")

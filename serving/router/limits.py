@@ -47,10 +47,34 @@ class NonFinite(str):
     """What ``NaN``, ``Infinity`` and ``-Infinity`` parse to where they are not allowed."""
 
 
+def check_content_type(value: str | None) -> None:
+    """A 415 for a body declared as anything but JSON (``application/json``, ``charset=utf-8``
+    at most); no header is read as JSON, as a raw client may send none.
+
+    >>> check_content_type("application/json; charset=UTF-8"), check_content_type(None)
+    (None, None)
+    >>> check_content_type("application/x-www-form-urlencoded")
+    Traceback (most recent call last):
+    serving.router.errors.RouterError: Content-Type 'application/x-www-form-urlencoded' is not supported: send 'Content-Type: application/json' (curl -d sends a form unless told otherwise)
+    """
+    if not value:
+        return
+    mime, *parameters = (part.strip() for part in value.split(";"))
+    charsets = [p.partition("=")[2].strip().strip('"').lower() for p in parameters
+                if p.partition("=")[0].strip().lower() == "charset"]
+    if mime.lower() != "application/json" or len(charsets) != len(parameters) or set(charsets) - {"utf-8", "utf8"}:
+        raise RouterError(415, f"Content-Type {value!r} is not supported: send 'Content-Type: application/json' "
+                               "(curl -d sends a form unless told otherwise)")
+
+
 def parse_json_object(body: bytes, limits: RequestLimits, allow_non_finite: bool) -> dict:
     """The body as a dict, or a 400 naming what is wrong with it."""
     try:
-        payload = json.loads(body) if allow_non_finite else json.loads(body, parse_constant=NonFinite)
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RouterError(400, f"body is not valid UTF-8 (byte {exc.start}): send JSON encoded as UTF-8") from None
+    try:
+        payload = json.loads(text) if allow_non_finite else json.loads(text, parse_constant=NonFinite)
     except RecursionError:
         raise RouterError(400, f"body is nested too deeply; at most {limits.max_json_depth} levels") from None
     except ValueError as exc:
