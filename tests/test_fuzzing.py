@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -134,3 +135,34 @@ def test_a_model_name_that_could_be_a_path_or_hide_a_character_is_refused_before
             assert exc.status == 400 and "data.name" in str(exc)
     assert parse_event("d-1", b'{"entity":"model_version","action":"created","data":{"name":"gec.v2-int8","version":3}}'
                        ).registered_model == "gec.v2-int8"
+
+
+@pytest.mark.parametrize("spec", [
+    "name: ../x\nmodel: models:/a@champion\n",
+    "name: 'a\\x00b'\nmodel: models:/a@champion\n",
+    "name: ok\nmodel: models:/../a@champion\n",
+    "name: ok\nmodel: models:/a@../champion\n",
+    "name: ok\nmodel: models:/%2e%2e@champion\n",
+    "name: ok\nmodel: /etc/passwd\n",
+    "name: ok\nmodel: file:///etc/passwd\n",
+    "name: ok\nmodel: \"models:/a\\nb@champion\"\n",
+])
+def test_an_endpoint_or_model_name_that_could_be_a_path_is_refused_by_the_spec_loader(spec):
+    with pytest.raises(SpecError):
+        parse_spec(spec)
+
+
+@pytest.mark.parametrize("model_binary", ["../outside", "/etc", "model/../../outside", "line\nbreak", 7, "link"])
+def test_a_model_whose_files_point_outside_its_directory_is_refused_before_they_are_read(tmp_path, model_binary):
+    from serving.runtime.model_layout import ModelLayoutError, locate
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "config.json").write_text('{"max_position_embeddings": 8}')
+    (outside / "tokenizer.json").write_text("{}")
+    model_dir = tmp_path / "model-dir"
+    model_dir.mkdir()
+    (model_dir / "link").symlink_to(outside)
+    (model_dir / "MLmodel").write_text(yaml.safe_dump({"flavors": {"transformers": {"model_binary": model_binary}}}))
+    with pytest.raises(ModelLayoutError, match="not a folder inside the model directory"):
+        locate(model_dir)

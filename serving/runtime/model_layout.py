@@ -102,6 +102,25 @@ def _has_tokenizer(directory: Path) -> bool:
     return any((directory / name).is_file() for name in TOKENIZER_FILES)
 
 
+def inside(model_dir: Path, name: object, what: str) -> Path:
+    """``model_dir / name`` when ``name`` is a relative path that stays inside ``model_dir`` (links
+    resolved) and holds no control character; else :class:`ModelLayoutError`, before anything
+    there is read: a model's own files must not point the runtime at the host's.
+
+    >>> inside(Path("/m"), "../../etc", "model_binary")
+    Traceback (most recent call last):
+    serving.runtime.model_layout.ModelLayoutError: model_binary '../../etc' is not a folder inside the model directory /m
+    """
+    if (not isinstance(name, str) or not name or any(ord(c) < 32 or ord(c) == 127 for c in name)
+            or Path(name).is_absolute()):
+        raise ModelLayoutError(f"{what} {name!r} is not a folder inside the model directory {model_dir}")
+    target = model_dir / name
+    root = model_dir.resolve()
+    if target.resolve() != root and root not in target.resolve().parents:
+        raise ModelLayoutError(f"{what} {name!r} is not a folder inside the model directory {model_dir}")
+    return target
+
+
 def locate(model_dir: Path) -> ModelLayout:
     """Find checkpoint and tokenizer in an MLflow transformers model dir or a plain checkpoint.
 
@@ -114,7 +133,7 @@ def locate(model_dir: Path) -> ModelLayout:
         flavor = (yaml.safe_load(mlmodel.read_text()) or {}).get("flavors", {}).get("transformers")
         if flavor is None:
             raise ModelLayoutError(f"{mlmodel} has no transformers flavor: not an LLM vLLM can serve")
-        checkpoint = model_dir / (flavor.get("model_binary") or "model")
+        checkpoint = inside(model_dir, flavor.get("model_binary") or "model", f"{mlmodel}: model_binary")
         tokenizer = checkpoint
         component = model_dir / "components" / "tokenizer"
         if not _has_tokenizer(checkpoint) and "tokenizer" in (flavor.get("components") or []):
