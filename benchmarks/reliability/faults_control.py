@@ -209,8 +209,7 @@ def mlflow_down_during_registrations(bed: FaultBed, down_s: float = 30.0) -> Fau
          "0 failed requests meanwhile": _no_failures(tally)},
         recover_s=recover_s,
         notes=f"registered v{older} and v{newer}, champion → v{newer} → v{older}; MLflow stopped {down_s:g} s; "
-              f"runs of v{newer}: {len(bed.platform.runs(f'iris.v{newer}'))} ({len(newer_served)} succeeded, "
-              "each finding the alias moved on)")
+              f"deploy runs of v{newer}: {len(bed.platform.runs(f'iris.v{newer}'))} ({len(newer_served)} succeeded)")
 
 
 def _partition(bed: FaultBed) -> str:
