@@ -23,6 +23,8 @@ for _name, _value in OFFLINE_ENV.items():  # before anything imports mlflow
 
 from controlplane.cli_router import endpoints_traffic, router_app  # noqa: E402 - after the imports above
 from controlplane.cli_simulate import simulate  # noqa: E402
+from controlplane.cli_logs import logs  # noqa: E402
+from controlplane.cli_status import status  # noqa: E402
 
 app = typer.Typer(help="modelplane: self-hosted model serving built from Dagster assets.", no_args_is_help=True)
 endpoints_app = typer.Typer(help="Endpoint specs: which registered model alias to serve, and how.", no_args_is_help=True)
@@ -34,6 +36,8 @@ app.add_typer(db_app, name="db")
 app.add_typer(router_app, name="router")
 endpoints_app.command("traffic")(endpoints_traffic)
 app.command("simulate")(simulate)
+app.command("status")(status)
+app.command("logs")(logs)
 console = Console(soft_wrap=True)
 errors = Console(stderr=True, soft_wrap=True)
 
@@ -119,6 +123,9 @@ def up(
     router_port: int = typer.Option(None, min=1, max=65535, help="Router port (default 8080, env MODELPLANE_ROUTER_PORT)."),
     routers: int = typer.Option(None, min=1, max=64, help="Router processes sharing the router port, active-active "
                                 "(default 1, env MODELPLANE_ROUTERS)."),
+    prometheus: bool = typer.Option(False, "--prometheus", help="Also run Prometheus on 127.0.0.1 (port 9090, env "
+                                    "MODELPLANE_PROMETHEUS_PORT) scraping the routers, replicas and control plane, "
+                                    "with recording rules (docs/metrics.md)."),
 ) -> None:
     """Start MLflow, Dagster (webserver + daemon), the admin API, the replica supervisor and the
     router; Ctrl-C stops them all."""
@@ -128,6 +135,8 @@ def up(
     settings = _settings(mlflow_port, dagster_port, admin_port, router_port)
     if routers is not None:
         settings = settings.model_copy(update={"routers": routers})
+    if prometheus:
+        settings = settings.model_copy(update={"prometheus": True})
     platform = Platform(settings,
                         log=lambda m: console.print(f"[dim]{m}[/dim]"), stop_requested=STOP_REQUESTED.is_set)
     try:

@@ -17,6 +17,7 @@ import httpx
 from rich.console import Console
 
 from controlplane import db
+from controlplane.progress import waiting
 from controlplane.settings import REPO_ROOT, Settings
 from controlplane.specs import load_spec
 from controlplane.store import EndpointStore
@@ -80,18 +81,19 @@ def register_demo_models(settings: Settings, console: Console) -> dict[str, str]
         if version is not None:
             console.print(f"{model.name}: already registered, {ALIAS} → v{version}")
         else:
-            console.print(f"{model.name}: building and registering in MLflow…")
             started = time.monotonic()
-            version = model.register(settings)
-            client.set_registered_model_alias(model.name, ALIAS, version)
+            with waiting(console, f"{model.name}: building and registering in MLflow"):
+                version = model.register(settings)
+                client.set_registered_model_alias(model.name, ALIAS, version)
             console.print(f"{model.name}: registered v{version}, {ALIAS} → v{version} ({time.monotonic() - started:.0f} s)")
         versions[model.name] = version
     return versions
 
 
 def follow_runs(settings: Settings, console: Console, partitions: list[str], started_at: float,
-                timeout_s: float = 1800.0) -> bool:
-    """Print each deploy run as Dagster starts it and as it changes; True when all succeeded."""
+                timeout_s: float = 1800.0, describe: Callable[[str], None] = lambda _text: None) -> bool:
+    """Print each deploy run as Dagster starts it and as it changes (``describe``: where they stand
+    now, for a spinner's line); True when all succeeded."""
     last: dict[str, str] = {}
     announced = False
     deadline = time.monotonic() + timeout_s
@@ -108,6 +110,8 @@ def follow_runs(settings: Settings, console: Console, partitions: list[str], sta
                           f"({time.monotonic() - started_at:.0f} s after `modelplane demo` began)")
         if announced and all(status in FINISHED for status in last.values()):
             return all(status == "SUCCESS" for status in last.values())
+        if announced:
+            describe("deploy runs: " + ", ".join(f"{key} {last[key].lower()}" for key in partitions))
         time.sleep(1.0)
     console.print(f"[red]gave up waiting for the deploy runs after {timeout_s:.0f} s[/red]")
     return False
@@ -161,7 +165,8 @@ def run_demo(settings: Settings, console: Console, keep_running: bool = True) ->
     started_at = time.monotonic()
     platform = Platform(settings, log=lambda m: console.print(f"[dim]{m}[/dim]"), stop_requested=STOP_REQUESTED.is_set)
     try:
-        platform.start()
+        with waiting(console, "starting MLflow, Dagster, the admin API, the supervisor and the router"):
+            platform.start()
     except PlatformError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 1
@@ -172,8 +177,8 @@ def run_demo(settings: Settings, console: Console, keep_running: bool = True) ->
         print_urls(platform)
         versions = register_demo_models(settings, console)
         partitions = [partition_key(model, version) for model, version in versions.items()]
-        console.print("waiting for Dagster's registry sensor to launch the deploy runs…")
-        ok = follow_runs(settings, console, partitions, started_at)
+        with waiting(console, "waiting for Dagster's registry sensor to launch the deploy runs") as describe:
+            ok = follow_runs(settings, console, partitions, started_at, describe=describe)
         console.print(("[bold green]deploy runs succeeded[/bold green]" if ok else "[red]a deploy run failed[/red]")
                       + f"; see {settings.dagster_url}/runs")
         if ok:

@@ -177,6 +177,7 @@ def build_services(settings: Settings) -> list[Service]:
             argv=[str(BIN / "dagster-daemon"), "run", "-w", str(REPO_ROOT / "workspace.yaml"), "--log-level", "warning"],
             healthy=_dagster_daemon_healthy(settings.dagster_url),
         ),
+        *prometheus_services(settings),
     ]
 
 
@@ -186,6 +187,21 @@ def supervisor_services(settings: Settings) -> list[Service]:
         return []
     return [Service(name="supervisor", argv=[sys.executable, "-m", "cluster.local.supervisor"],
                     healthy=_log_says(settings.logs_dir / "supervisor.log", "supervisor running"))]
+
+
+def prometheus_services(settings: Settings) -> list[Service]:
+    """With ``up --prometheus``: the targets writer (which also serves the control plane's
+    metrics), then Debian's Prometheus on 127.0.0.1 (docs/metrics.md)."""
+    if not settings.prometheus:
+        return []
+    return [
+        Service(name="prometheus-targets", argv=[sys.executable, "-m", "controlplane.prometheus_targets"],
+                healthy=_log_says(settings.logs_dir / "prometheus-targets.log", "prometheus targets running")),
+        Service(name="prometheus", argv=[sys.executable, "-m", "controlplane.prometheus",
+                                         "--port", str(settings.ports.prometheus_port)],
+                healthy=_http_ok(f"{settings.prometheus_url}/-/ready"), url=settings.prometheus_url,
+                port=settings.ports.prometheus_port),
+    ]
 
 
 def router_services(settings: Settings) -> list[Service]:
@@ -315,8 +331,11 @@ class Platform:
         return done
 
     def urls(self) -> dict[str, str]:
-        return {"Router": self.settings.router_url, "MLflow UI": self.settings.mlflow_url,
+        urls = {"Router": self.settings.router_url, "MLflow UI": self.settings.mlflow_url,
                 "Dagster UI": self.settings.dagster_url, "Admin API": self.settings.admin_url}
+        if self.settings.prometheus:
+            urls["Prometheus"] = self.settings.prometheus_url
+        return urls
 
     # -- internals ----------------------------------------------------------------------
     def _spawn(self, service: Service, env: dict[str, str]) -> None:

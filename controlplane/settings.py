@@ -11,6 +11,7 @@ One typed object, built once per process from the environment. Every path lives 
       models/                model versions: <model>/v<N>/source (source_model), quantized, eval/
       logs/                  one log file per service started by ``modelplane up``
       secrets.json           webhook secret and MLflow's webhook encryption key (mode 0600)
+      prometheus/            with ``up --prometheus``: its config, rules, scrape targets and data
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Ports(BaseModel):
     admin_port: int = Field(8100, ge=1, le=65535, description="modelplane admin API")
     router_port: int = Field(8080, ge=1, le=65535, description="the router: every endpoint's front door")
     registry_port: int = Field(5050, ge=1, le=65535, description="the embedded OCI registry (serving images)")
+    prometheus_port: int = Field(9090, ge=1, le=65535, description="Prometheus (`up --prometheus`), on 127.0.0.1 only")
 
 
 class Settings(BaseModel):
@@ -68,6 +70,7 @@ class Settings(BaseModel):
     k8s_models_claim: str | None = "modelplane-home"  # MODELPLANE_K8S_MODELS_CLAIM: RWX claim holding MODELPLANE_HOME
     router_url_override: str | None = None  # MODELPLANE_ROUTER_URL: where run workers and sensors reach the router
     advertise_host: str | None = None  # MODELPLANE_ADVERTISE_HOST: the address a router reports for its own port
+    prometheus: bool = False  # `modelplane up --prometheus`: run Prometheus and its targets writer (docs/metrics.md)
 
     @field_validator("host")
     @classmethod
@@ -110,6 +113,7 @@ class Settings(BaseModel):
             admin_port=int(env.get("MODELPLANE_ADMIN_PORT", 8100)),
             router_port=int(env.get("MODELPLANE_ROUTER_PORT", 8080)),
             registry_port=int(env.get("MODELPLANE_REGISTRY_PORT", 5050)),
+            prometheus_port=int(env.get("MODELPLANE_PROMETHEUS_PORT", 9090)),
         )
         return cls(
             home=home,
@@ -169,6 +173,11 @@ class Settings(BaseModel):
         return self.home / "images"
 
     @property
+    def prometheus_dir(self) -> Path:
+        """``up --prometheus``: prometheus.yml, rules.yml, targets/ (file_sd) and data/ (its TSDB)."""
+        return self.home / "prometheus"
+
+    @property
     def secrets_path(self) -> Path:
         return self.home / "secrets.json"
 
@@ -198,6 +207,11 @@ class Settings(BaseModel):
     @property
     def admin_url(self) -> str:
         return f"http://{self.host}:{self.ports.admin_port}"
+
+    @property
+    def prometheus_url(self) -> str:
+        """Always loopback, whatever ``MODELPLANE_HOST`` says: Prometheus has no authentication."""
+        return f"http://127.0.0.1:{self.ports.prometheus_port}"
 
     def ensure_dirs(self) -> None:
         """Create the state directories, readable by their owner only (0700): they hold the

@@ -6,11 +6,12 @@
 #   strace          records the files a runtime reads while it starts (placed first in the image)
 #   skopeo, umoci   the tests read the OCI image layouts modelplane writes with them
 #   apache2-utils   htpasswd: the tests run the registry with basic auth
+#   prometheus      `modelplane up --prometheus` (with promtool, which the tests use), on 127.0.0.1 only
 # As root with apt-get, installs what is missing; otherwise prints the command to run.
 set -euo pipefail
 declare -A package_of=(
   [mksquashfs]=squashfs-tools [docker-registry]=docker-registry [fusermount3]=fuse3
-  [strace]=strace [skopeo]=skopeo [umoci]=umoci [htpasswd]=apache2-utils
+  [strace]=strace [skopeo]=skopeo [umoci]=umoci [htpasswd]=apache2-utils [prometheus]=prometheus
 )
 missing=()
 for command in "${!package_of[@]}"; do
@@ -24,9 +25,12 @@ if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
   # the docker-registry package starts its own daemon where systemd runs, listening on every
   # interface with the packaged config: modelplane never uses that one
-  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet docker-registry 2>/dev/null; then
-    systemctl disable --now docker-registry || true
-  fi
+  # (the prometheus package likewise starts one on every interface, port 9090)
+  for unit in docker-registry prometheus; do
+    if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$unit" 2>/dev/null; then
+      systemctl disable --now "$unit" || true
+    fi
+  done
 else
   echo "modelplane needs these Debian packages: ${missing[*]}" >&2
   echo "install them with:  sudo apt-get install -y ${missing[*]}" >&2

@@ -1,4 +1,8 @@
-"""The router's Prometheus metrics (``/metrics``), one registry per router app."""
+"""The router's Prometheus metrics (``/metrics``), one registry per router app.
+
+Names and labels follow docs/metrics.md (one table for the router, the runtimes and the
+control plane; ``tests/test_prometheus.py`` holds them to it).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ class Metrics:
         self.latency = Histogram("modelplane_router_request_latency_seconds", "Time to the last byte.", ["endpoint"],
                                  registry=registry,
                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
-        self.in_flight = Gauge("modelplane_router_in_flight", "Requests in flight per endpoint.", ["endpoint"],
+        self.in_flight = Gauge("modelplane_router_requests_in_flight", "Requests in flight per endpoint.", ["endpoint"],
                                registry=registry)
         self.retries = Counter("modelplane_router_retries", "Requests retried on another replica.", ["endpoint"],
                                registry=registry)
@@ -32,8 +36,9 @@ class Metrics:
         # Admission
         self.limited = Counter("modelplane_router_rate_limited", "Requests refused by a rate limit (429) or too "
                                "costly for it (413), by limit.", ["endpoint", "limit"], registry=registry)
-        self.queued = Gauge("modelplane_router_queued", "Requests waiting for a slot under max_concurrent_requests.",
-                            ["endpoint"], registry=registry)
+        self.queued = Gauge("modelplane_router_queue_depth",
+                            "Requests waiting for a slot under max_concurrent_requests.", ["endpoint"],
+                            registry=registry)
         # Balancing
         self.sticky = Counter("modelplane_router_sticky_requests", "Requests with a sticky key, by whether their "
                               "key's replica took them.", ["endpoint", "home"], registry=registry)

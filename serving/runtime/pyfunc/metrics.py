@@ -49,7 +49,7 @@ class ServerMetrics:
         self._registry = registry
         self._requests = Counter(f"{PREFIX}_requests", "HTTP requests to /invocations by status code", ["code"],
                                  registry=registry)
-        self._latency = Histogram(f"{PREFIX}_request_duration_seconds",
+        self._latency = Histogram(f"{PREFIX}_request_latency_seconds",
                                   "Time from request start to response, /invocations", buckets=LATENCY_BUCKETS_S,
                                   registry=registry)
         self._in_flight = Gauge(IN_FLIGHT, "/invocations requests being worked on now", registry=registry,
