@@ -13,6 +13,7 @@ import socket
 import threading
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 
 class FakeReplica:
@@ -25,6 +26,7 @@ class FakeReplica:
         self.behaviour = behaviour
         self.huge_bytes = 4 << 20
         self.requests: list[tuple[str, dict]] = []
+        self.headers: list[CIMultiDict] = []  # each request's headers as the replica received them
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
@@ -90,6 +92,7 @@ class FakeReplica:
             raise ConnectionResetError("stopped while stalling")
 
     async def _invocations(self, request: web.Request) -> web.StreamResponse:
+        self.headers.append(CIMultiDict(request.headers))
         await self._maybe_close(request)
         payload = await request.json()
         self.requests.append(("/invocations", payload))
@@ -101,6 +104,7 @@ class FakeReplica:
         return web.json_response({"predictions": [self.name] * len(rows)})
 
     async def _openai(self, request: web.Request) -> web.StreamResponse:
+        self.headers.append(CIMultiDict(request.headers))
         await self._maybe_close(request)
         payload = await request.json()
         self.requests.append((request.path, payload))

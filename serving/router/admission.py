@@ -7,7 +7,7 @@ act on; nothing here touches the network or the database.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controlplane.tokens import Grant, token_sha256
 from serving.router.errors import RouterError
@@ -25,6 +25,8 @@ class Upstream:
     body: bytes
     stream: bool
     payload: dict | None = None  # the parsed body of an LLM request (for its cost)
+    # traceparent and tracestate for the replica (serving.router.tracing); {}: none
+    trace_headers: dict[str, str] = field(default_factory=dict)
 
 
 def authenticate(authorization: str | None, table: RoutingTable) -> Grant:

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import random
 import socket
 import time
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from serving.router import admission
+from serving.router import admission, tracing
 from serving.router.activator import Activator
 from serving.router.admission import RouterError
 from serving.router.balancing.keys import prefix_key, session_key
@@ -43,6 +42,7 @@ from serving.router.proxy import Exchange, Proxy
 from serving.router.recorder import Recorder
 from serving.router.signals import InFlightWindow
 from serving.router.table import EndpointRoute, RoutingTable
+from serving.router.tracing import Tracer
 
 log = logging.getLogger("modelplane.router")
 
@@ -55,7 +55,7 @@ def error_response(exc: RouterError) -> JSONResponse:
 def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
                report: Callable[[datetime], None] | None = None, router_id: str | None = None,
                clock: Callable[[], float] = time.time, log_sink: LogSink | None = None,
-               on_ready: Callable[[], None] | None = None) -> Starlette:
+               on_ready: Callable[[], None] | None = None, tracer: Tracer | None = None) -> Starlette:
     """The router app; ``load_table`` is called off the event loop every refresh interval.
 
     ``report`` (off the event loop too) is told, after each refresh, when the read of the
@@ -67,6 +67,8 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
     monotonic, so that the buckets of several routers line up (:mod:`serving.router.signals`).
     ``log_sink`` receives the inference log's batches (none: nothing is recorded);
     ``on_ready`` is called once the first table is read and the proxy is up.
+    ``tracer`` gives each proxied request a span (:mod:`serving.router.tracing`), and is closed
+    (its last spans exported) when the app stops; None: trace headers are only forwarded.
     """
     metrics = Metrics()
     identity = router_id or f"{socket.gethostname()}:{config.port}"
@@ -75,7 +77,7 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
     activator = Activator(max_waiting=config.max_waiting_per_endpoint, factor=config.hold_cold_start_factor,
                           margin_s=config.hold_margin_s, low_s=config.hold_min_s, high_s=config.hold_max_s,
                           poll_s=min(0.1, config.refresh_interval_s), retry_after_s=config.retry_after_s)
-    proxy = Proxy(config, metrics, signals, clock)
+    proxy = Proxy(config, metrics, signals, clock, tracer=tracer)
     gatekeeper = Gatekeeper(retry_after_s=config.retry_after_s)
     writer = InferenceLogWriter(log_sink, max_buffer=config.log_buffer_records) if log_sink is not None else None
     recorder = Recorder(writer, identity)
@@ -164,6 +166,8 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
         for task in log_tasks:
             task.cancel()
         await proxy.close()
+        if tracer is not None:
+            await asyncio.to_thread(tracer.close)
 
     async def read_body(request: Request) -> bytes:
         check_content_type(request.headers.get("content-type"))
@@ -195,7 +199,8 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
                 metrics.limited.labels(endpoint, getattr(exc, "limit", "")).inc()
                 raise
             route = await activator.ready_route(route, lambda: state["table"].endpoints.get(endpoint))
-            upstream = replace(upstream, route=route)
+            upstream = replace(upstream, route=route, trace_headers=tracing.incoming(
+                request.headers.getlist("traceparent"), request.headers.getlist("tracestate")))
             response = await send(request, route, upstream, units, grant.token_id, body, arrived, started, exchange)
         except RouterError as exc:
             response = error_response(exc)
@@ -433,7 +438,7 @@ def main() -> None:
     routers, router_id = RouterStore(engine), f"{socket.gethostname()}:{config.port}:{os.getpid()}"
     app = create_app(config, lambda: load_table(engine, hardware, feed.current if feed else None), router_id=router_id,
                      report=lambda read_at: routers.report(router_id, read_at, own_url),
-                     log_sink=InferenceLogStore(engine),
+                     log_sink=InferenceLogStore(engine), tracer=tracing.tracer_from_env(os.environ),
                      on_ready=lambda: print(f"router listening on {config.host}:{config.port} (own port {own_url})",
                                             flush=True))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", loop="uvloop", http="httptools"))

@@ -13,6 +13,9 @@ bound if it has one (``balancing.sticky``), else by its balancer (``balancing``)
 ejected one while another is left (``serving.router.outliers``). Every answer, and every
 failed connect, is told to the outlier detector. A shadow copy goes out beside the request
 and is read to its end and discarded: it can neither answer nor fail the client.
+
+A replica is sent the body, its type, and the request's W3C trace headers: the client's as
+they came, or, with a tracer, ones naming the router's span as parent (``serving.router.tracing``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -41,9 +44,12 @@ from serving.router.metrics import Metrics
 from serving.router.outliers import OutlierDetector
 from serving.router.signals import InFlightWindow
 from serving.router.table import EndpointRoute
+from serving.router.tracing import Tracer
 
 log = logging.getLogger("modelplane.router")
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "server", "date"}
+# identity: bodies are relayed as they come, so they must not come compressed
+REPLICA_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
 
 
 @dataclass
@@ -53,6 +59,8 @@ class Exchange:
     revision_id: str | None = None
     role: str = "serve"
     status: int = 0
+    replica_url: str | None = None  # the last replica it was sent to
+    retries: int = 0  # sends to another replica after the first could not take it
     response_bytes: int = 0
     response_head: bytes = b""  # the first ``keep_bytes`` of the answer, when asked for
     keep_bytes: int = 0
@@ -70,8 +78,11 @@ class Proxy:
 
     def __init__(self, config: RouterConfig, metrics: Metrics, signals: InFlightWindow,
                  clock: Callable[[], float] = time.time, rng: random.Random | None = None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, tracer: Tracer | None = None) -> None:
+        """``tracer``: a span per request (:mod:`serving.router.tracing`); None: the client's trace
+        headers are forwarded as they came, and nothing more is done."""
         self.config = config
+        self.tracer = tracer
         self.metrics = metrics
         self.signals = signals
         self._clock, self._monotonic = clock, monotonic
@@ -149,6 +160,11 @@ class Proxy:
         """The replica's answer (a stream passes through). ``on_done`` is called with ``exchange``
         once the answer is complete (for a stream: when it ends, however it ends)."""
         route, exchange = upstream.route, exchange or Exchange()
+        span = None
+        if self.tracer is not None:  # the replica (and a shadow copy) get the router span as parent
+            span = self.tracer.start(route.name, upstream.trace_headers)
+            upstream = replace(upstream, trace_headers=span.headers)
+            on_done = _ending_span(span, on_done)
         revision_id, replicas, role = traffic.choose(route.replicas, route.revision_id, route.canary, self._rng)
         exchange.revision_id, exchange.role = revision_id, role
         if role == "canary" and route.canary.cost is not None:  # priced on the revision that runs it
@@ -163,6 +179,10 @@ class Proxy:
             if on_done is not None:
                 on_done(exchange)
             raise
+        except BaseException:  # cancelled: the caller finishes the request, the span ends here
+            if span is not None:
+                span.end(exchange.revision_id, exchange.replica_url, exchange.status, exchange.retries)
+            raise
 
     async def _send(self, upstream: Upstream, replicas: tuple[str, ...], units: float, key: str | None,
                     exchange: Exchange, on_done) -> Response:
@@ -175,15 +195,14 @@ class Proxy:
                 break
             url = self.pick(route, replicas, candidates, units, key)
             tried.append(url)
+            exchange.replica_url, exchange.retries = url, attempt
             if attempt:
                 self.metrics.retries.labels(route.name).inc()
             self._take(route.name, url, units, attempt)
             sent = time.perf_counter()
             try:
-                # identity: bodies are relayed as they come, so they must not come compressed
                 response = await self.session.post(f"{url}{upstream.path}", data=upstream.body,
-                                                   headers={"Content-Type": "application/json",
-                                                            "Accept-Encoding": "identity"})
+                                                   headers=_replica_headers(upstream))
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 # No connection was made, so the replica never saw the request: safe to try another.
                 self._release(route.name, url, units)
@@ -354,8 +373,7 @@ class Proxy:
         started, status, answered = time.perf_counter(), 599, 0
         try:
             async with self.session.post(f"{url}{upstream.path}", data=upstream.body,
-                                         headers={"Content-Type": "application/json",
-                                                  "Accept-Encoding": "identity"}) as response:
+                                         headers=_replica_headers(upstream)) as response:
                 status = response.status
                 content = await _read_all(response, self.config.max_response_bytes)
                 if content is None:
@@ -372,6 +390,20 @@ class Proxy:
         self.metrics.revision_requests.labels(name, shadow.revision_id, "shadow", str(status)).inc()
         if self.on_shadow is not None:
             self.on_shadow(upstream.route, shadow.revision_id, status, latency_ms, upstream.body, answered)
+
+
+def _replica_headers(upstream: Upstream) -> dict[str, str]:
+    """What a replica is sent besides the body: its type, no compression, and the trace headers."""
+    return {**REPLICA_HEADERS, **upstream.trace_headers} if upstream.trace_headers else REPLICA_HEADERS
+
+
+def _ending_span(span, on_done: Callable[[Exchange], None] | None) -> Callable[[Exchange], None]:
+    """``on_done``, after ending ``span`` with what became of the request."""
+    def done(exchange: Exchange) -> None:
+        span.end(exchange.revision_id, exchange.replica_url, exchange.status, exchange.retries)
+        if on_done is not None:
+            on_done(exchange)
+    return done
 
 
 async def _read_all(response: aiohttp.ClientResponse, limit: int) -> bytes | None:

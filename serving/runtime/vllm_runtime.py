@@ -18,7 +18,11 @@ and environment of ``python -m vllm.entrypoints.openai.api_server`` for one repl
   ``VllmSettings.amx``), OpenMP threads bound to the replica's cores (from the cgroup quota, see
   ``cpu.py``), the KV cache sized from the memory actually free on the replica's NUMA node
   (vLLM's default, 92 % of the node, fails on any machine already running something), and
-  ``--max-model-len`` no longer than what that KV cache holds.
+  ``--max-model-len`` no longer than what that KV cache holds;
+- with an OTLP endpoint configured (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
+  ``OTEL_EXPORTER_OTLP_ENDPOINT``, read as the router reads them, ``serving.router.tracing``):
+  ``--otlp-traces-endpoint`` and OTLP/HTTP (vLLM's default is gRPC), so the engine's request
+  spans join the trace whose ``traceparent`` the router sends.
 
 Worked example (this 2-core machine, SmolLM2-135M, 7.2 GiB free on node 0): cores "0-1",
 OMP_NUM_THREADS=2; KV cache = floor(0.5 × (7.2 − 0.27 weights − 2 overhead) GiB) = 2 GiB,
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from serving.router.tracing import otlp_traces_endpoint
 from serving.runtime import amx, cpu
 from serving.runtime.base import ProbeRequest, Progress, ReplicaLaunch, RuntimeConfig
 from serving.runtime.model_layout import ModelLayout, locate
@@ -94,6 +99,9 @@ class VllmSettings:
     # without AMX kernels where that is refused; "off": never AMX (serving/runtime/amx.py).
     # Default: $MODELPLANE_AMX, else "auto".
     amx: str = field(default_factory=amx.mode_from_env)
+    # The full OTLP/HTTP URL for the engine's spans (``--otlp-traces-endpoint``), None: no spans.
+    # Default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces.
+    otlp_traces_endpoint: str | None = field(default_factory=lambda: otlp_traces_endpoint(os.environ))
 
     def __post_init__(self) -> None:
         if not 0 < self.kv_cache_share <= 1:
@@ -259,6 +267,11 @@ class VllmRuntime:
                 argv.append("--enforce-eager")
         if model_len is not None:
             argv += ["--max-model-len", str(model_len)]
+        if s.otlp_traces_endpoint is not None:
+            argv += ["--otlp-traces-endpoint", s.otlp_traces_endpoint]
+            # vLLM exports over gRPC unless told otherwise, and the URL is OTLP/HTTP's (…/v1/traces);
+            # a service name of its own, not the router's that an inherited OTEL_SERVICE_NAME would give.
+            env |= {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_SERVICE_NAME": "modelplane-vllm"}
         argv += list(s.extra_args)
         return ReplicaLaunch(argv=argv, env=env)
 
