@@ -60,9 +60,10 @@ lock:
 	/tmp/modelplane-lock/quantize/bin/pip install $(PIP_INDEX_ARGS) -r requirements/quantize.in
 	/tmp/modelplane-lock/quantize/bin/pip freeze --all | grep -v "^pip==" > requirements/quantize.lock
 
-# Regenerate docs/endpoint-spec.schema.json from controlplane/specs.py.
+# Regenerate docs/endpoint-spec.schema.json and the reference docs/endpoint-spec.md from controlplane/specs.py.
 schema: $(VENV)/.installed
 	$(VENV)/bin/modelplane endpoints schema > docs/endpoint-spec.schema.json
+	$(VENV)/bin/python -m controlplane.spec_reference > docs/endpoint-spec.md
 
 clean-state:
 	rm -rf .modelplane

@@ -52,7 +52,10 @@ class WeightGranularity(str, Enum):
 
 
 class Quantization(_Strict):
-    scheme: QuantizationScheme = QuantizationScheme.auto
+    """How an LLM's checkpoint is quantized before it serves (docs/quantization.md); classic models pass through."""
+
+    scheme: QuantizationScheme = Field(QuantizationScheme.auto, description="auto: FP8 W8A8 on GPU hardware profiles, "
+                                       "INT8 W8A8 on CPU profiles; fp8, int8, or none (serve the checkpoint as registered).")
     quantize_attention: bool = Field(True, description="Put q/k/v/o projections on the quantized path too, not only the MLP.")
     weight_granularity: WeightGranularity = Field(
         WeightGranularity.channel, description="Weight scales per output channel (default) or one per tensor."
@@ -134,6 +137,8 @@ class CostModelSweep(_Strict):
 
 
 class Slo(_Strict):
+    """The latency the endpoint is held to: the cost model's target concurrency and the autoscaler aim at it."""
+
     p99_latency_ms: float = Field(1000.0, gt=0, description="99th percentile request latency target, milliseconds.")
     time_to_first_token_ms: float | None = Field(None, gt=0, description="LLMs: p99 time to first token, milliseconds.")
 
@@ -147,6 +152,8 @@ class ScalingSignal(str, Enum):
 
 
 class Scaling(_Strict):
+    """How many replicas, and what the autoscaler scales on (docs/autoscaling.md)."""
+
     min_replicas: int = Field(1, ge=0, le=MAX_REPLICAS, description="Provisioned replicas; 0 allows scale to zero.")
     max_replicas: int = Field(4, ge=1, le=MAX_REPLICAS, description="Upper bound on replicas.")
     target_concurrency: float | None = Field(
@@ -227,6 +234,8 @@ class OutlierEjection(_Strict):
 
 
 class Routing(_Strict):
+    """How the router picks a replica and bounds what runs at once (docs/router.md)."""
+
     balancer: Balancer = Field(Balancer.p2c_units, description="How a replica is picked.")
     sticky: Sticky = Sticky()
     max_concurrent_requests: int | None = Field(None, ge=1, le=1_000_000, description="Requests this endpoint runs at "

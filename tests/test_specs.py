@@ -111,6 +111,19 @@ def test_exported_json_schema_matches_the_code():
     assert exported == json_schema(), "run `make schema` to regenerate docs/endpoint-spec.schema.json"
 
 
+def test_the_reference_page_is_generated_from_the_code_and_names_every_field():
+    from controlplane.spec_reference import reference
+
+    committed = (REPO / "docs" / "endpoint-spec.md").read_text()
+    assert committed == reference(), "run `make schema` to regenerate docs/endpoint-spec.md"
+    schema = json_schema()
+    for name, field in schema["properties"].items():
+        assert f"| `{name}` |" in committed
+        section = schema["$defs"].get(field.get("$ref", "").rsplit("/", 1)[-1], {})
+        for sub in section.get("properties", {}):
+            assert f"| `{name}.{sub}` |" in committed
+
+
 def test_replica_options_are_exactly_what_the_runtime_config_takes():
     from serving.runtime.base import RuntimeConfig
 
