@@ -16,6 +16,7 @@ from rich.table import Table
 
 from controlplane import db
 from controlplane.settings import OFFLINE_ENV, Settings
+from controlplane.progress import waiting
 from controlplane.specs import SpecError, json_schema, load_spec
 
 for _name, _value in OFFLINE_ENV.items():  # before anything imports mlflow
@@ -140,7 +141,8 @@ def up(
     platform = Platform(settings,
                         log=lambda m: console.print(f"[dim]{m}[/dim]"), stop_requested=STOP_REQUESTED.is_set)
     try:
-        platform.start()
+        with waiting(console, "starting MLflow, Dagster, the admin API, the supervisor, the routers and the autoscaler"):
+            platform.start()
     except PlatformError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
