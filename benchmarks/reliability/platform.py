@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -129,8 +130,30 @@ class RunningPlatform:
                     found[process.pid] = process
         return list(found.values())
 
+    def replica_groups(self) -> list[int]:
+        """The process groups of the replicas the database knows (each replica leads its own): a
+        replica a killed supervisor left behind is nobody's child, and a vLLM replica's engine
+        processes name no path of this platform."""
+        from sqlalchemy import text
+
+        from controlplane.db import make_engine
+
+        try:
+            engine = make_engine(self.database_url)
+            try:
+                with engine.connect() as connection:
+                    return [pid for (pid,) in connection.execute(text("SELECT pid FROM replicas WHERE pid IS NOT NULL"))]
+            finally:
+                engine.dispose()
+        except Exception:  # noqa: BLE001 - no database yet, or not reachable: the path sweep below still runs
+            return []
+
     def close(self) -> None:
         """Kill everything it started, the replicas a restarted supervisor adopted, and their mounts."""
+        for group in self.replica_groups():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if os.getsid(group) == group:  # still a session leader: the replica, not a reused pid
+                    os.killpg(group, signal.SIGKILL)
         if self.process.poll() is None:
             with contextlib.suppress(psutil.Error):
                 for child in psutil.Process(self.process.pid).children(recursive=True):
