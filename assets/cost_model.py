@@ -14,10 +14,10 @@ unit is one millisecond of replica time at that operating point, so a request co
 The result is stored per (model version, hardware profile) in the control plane, where
 the router and the autoscaler read it, and logged to MLflow with the sweep and a plot.
 Classic models sweep concurrency only. A sweep where every request failed, or too small
-to fit, fails the step with the reason; nothing is written.
+to fit, fails the step with the reason; nothing is written. The version's MLflow page gets the
+target level's coefficients as ``modelplane.cost.*`` tags (docs/pipeline-metadata.md).
 """
 
-import base64
 import json
 import math
 import tempfile
@@ -26,7 +26,9 @@ from pathlib import Path
 
 from dagster import AssetExecutionContext, Failure, MetadataValue, Output, asset
 
+from assets.catalog import GROUP, OWNERS, step_tags
 from assets.gate_verdict import serving_checkpoint
+from assets.metadata import cost_levels_table, links, mlflow_run_url, png_markdown, sweep_table
 from assets.rollout import WaitReady
 from assets.quantized_checkpoint import MEASUREMENT_POOL
 from assets.served_endpoint import RolloutDriver, choose_runtime
@@ -37,10 +39,11 @@ from controlplane.revisions import RevisionStore, revision_spec
 from controlplane.specs import EndpointSpec
 from costmodel.fit import fit_cost_model
 from costmodel.measure import classic_input_example, run_sweep
-from costmodel.plot import plot_png
+from costmodel.plot import fit_png, latency_png, plot_png
 from costmodel.sweep import SweepError, SweepGrid
 from pipelines.deploy_plan import cost_sections
 from pipelines.registry import parse_partition_key
+from pipelines.version_tags import cost_tags
 from pipelines.resources import ClusterResource, ControlPlaneResource, RegistryResource
 from serving.runtime.model_layout import locate
 
@@ -65,10 +68,13 @@ def _strictest(specs: list[EndpointSpec]) -> EndpointSpec:
 
 @asset(
     partitions_def=model_versions,
-    group_name="deploy",
-    kinds={"python"},
-    description="Cost coefficients (α, β, γ) and the starting target concurrency, from a benchmark sweep of "
-                "the gated checkpoint on the serving hardware.",
+    group_name=GROUP,
+    kinds={"scipy", "mlflow"},
+    owners=OWNERS,
+    tags=step_tags(3, "measure", measures=True),
+    description="Step 3 of 5. Cost coefficients (α, β, γ per concurrency) and the starting target concurrency, "
+                "from a benchmark sweep of the gated checkpoint on the serving hardware; with the sweep, the "
+                "coefficients table and plots of latency against concurrency and of the fit.",
     pool=MEASUREMENT_POOL,
     retry_policy=DEPLOY_RETRIES,
 )
@@ -143,6 +149,7 @@ def cost_model(
                                         "gamma_ms": coefficients.gamma_ms, "r2": fitted.r2,
                                         "heldout_median_abs_pct_error": fitted.heldout_median_abs_pct_error,
                                         "target_concurrency": fitted.target_concurrency}.items() if math.isfinite(v)})
+    client.set_version_tags(model, version, cost_tags(fitted.to_json(), profile.key))
     if not fitted.slo_met:
         context.log.warning(fitted.slo_message)
     value = {"model": model, "version": version, "hardware_profile": profile.key, "cost_model": fitted.to_json(),
@@ -166,6 +173,10 @@ def cost_model(
         "sweep_requests": len(samples),
         "sweep_s": round(sweep_s, 1),
         "mlflow_run_id": run_id,
-        "plot": MetadataValue.md(f"![latency vs concurrency; predicted vs measured]"
-                                 f"(data:image/png;base64,{base64.b64encode(png).decode()})"),
+        "coefficients": MetadataValue.md(cost_levels_table(fitted.to_json()["levels"], fitted.target_concurrency,
+                                                          (max(grid.input_tokens), max(grid.output_tokens)))),
+        "sweep": MetadataValue.md(sweep_table([p.to_json() for p in points])),
+        "latency_plot": png_markdown(latency_png(points, fitted), "measured latency against concurrency"),
+        "fit_plot": png_markdown(fit_png(samples, fitted), "cost model fit: predicted against measured latency"),
+        **links(mlflow_run=mlflow_run_url(registry.web_url(), run_id)),
     })

@@ -23,18 +23,23 @@ What a refusal leads to (:mod:`assets.gate_verdict` records it for the steps dow
 
 A candidate checkpoint the engine cannot load is refused the same way, with the scheme, the
 engine and the end of the engine's log; a baseline or serving revision that cannot be
-evaluated stops the run (there is nothing to judge against).
+evaluated stops the run (there is nothing to judge against). The version's MLflow page gets
+the ``modelplane.gate.*`` tags, and, when a refusal stops the run, why it does not serve
+(docs/pipeline-metadata.md).
 """
 
 
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 
 from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
 
 from assets.gate_verdict import record_verdict
+from assets.metadata import bullet_list, gate_checks_table, scores_table, worst_examples_table
 from assets.quantized_checkpoint import MEASUREMENT_POOL, quantized_checkpoint
 from assets.serving_specs import agreed_eval_gate, serving_specs
+from assets.serving_state import record_serving
 from assets.source_model import model_versions
 from controlplane.revisions import RevisionStore
 from controlplane.specs import GateFailure
@@ -45,6 +50,7 @@ from evaluation.gate import GateThresholds, decide
 from pipelines.registry import parse_partition_key
 from pipelines.deploy_plan import GATE_TAG
 from pipelines.resources import ClusterResource, ControlPlaneResource, ModelStoreResource, RegistryResource
+from pipelines.version_tags import gate_tags, interval_text
 from quantization.engine_support import kernels
 
 # Partitioned asset checks are "preview" in Dagster 1.13 (pinned in requirements/main.lock);
@@ -63,18 +69,15 @@ def _serving_dirs(revisions: RevisionStore, endpoints: list[str], candidate_dir:
     return sorted(set(dirs))
 
 
-def _table(rows: list[dict]) -> str:
-    if not rows:
-        return "(none: the candidate is never worse than the baseline)"
-    header = "| input | reference | baseline | candidate |\n|---|---|---|---|\n"
-    clean = [{k: str(row.get(k, "")).replace("|", "\\|").replace("\n", " ") for k in
-              ("input", "reference", "baseline", "candidate")} for row in rows]
-    return header + "\n".join(f"| {r['input']} | {r['reference']} | {r['baseline']} | {r['candidate']} |" for r in clean)
+def _interval(checks) -> str | None:
+    """The paired tests behind the task checks, one line each (the ``modelplane.gate.interval`` tag)."""
+    return "; ".join(interval_text(c.paired.to_json(), c.name) for c in checks if c.paired) or None
 
 
 def _refusal(context: AssetCheckExecutionContext, candidate: dict, reasons: list[str], something_serves: bool,
-             fall_back: bool, kernels_used: str, metadata: dict) -> AssetCheckResult:
-    """A refused candidate: the baseline serves instead (WARN, not blocking) or the run stops (ERROR)."""
+             fall_back: bool, kernels_used: str, metadata: dict, record_tags) -> AssetCheckResult:
+    """A refused candidate: the baseline serves instead (WARN, not blocking) or the run stops (ERROR).
+    ``record_tags(outcome, reasons, stops_here)`` writes the refusal on the MLflow version."""
     if something_serves:
         outcome = "refused; the revision serving now keeps serving"
     elif fall_back:
@@ -84,9 +87,10 @@ def _refusal(context: AssetCheckExecutionContext, candidate: dict, reasons: list
         outcome = "refused; nothing is served (eval_gate.on_failure: block)"
     context.log.warning(f"eval gate: {candidate['scheme']} {outcome}")
     record_verdict(candidate, "baseline" if fall_back else "none", reasons, kernels_used)
+    record_tags(outcome, reasons, not fall_back)
     if not fall_back:  # the registry sensor does not ask again for a version the gate refused
         context.instance.add_run_tags(context.run.run_id, {GATE_TAG: "refused"})
-    metadata = {**metadata, "decision": outcome, "reasons": MetadataValue.md("\n".join(f"- {r}" for r in reasons))}
+    metadata = {**metadata, "decision": outcome, "reasons": MetadataValue.md(bullet_list(reasons))}
     return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN if fall_back else AssetCheckSeverity.ERROR,
                             metadata=metadata)
 
@@ -98,7 +102,9 @@ def _refusal(context: AssetCheckExecutionContext, candidate: dict, reasons: list
     pool=MEASUREMENT_POOL,
     description="The quantized candidate on the real engine against the unquantized baseline and the "
                 "revision serving now; a refusal stops the deploy before any traffic moves, or, where nothing "
-                "serves yet, lets the unquantized baseline serve instead (eval_gate.on_failure).",
+                "serves yet, lets the unquantized baseline serve instead (eval_gate.on_failure). Shows every "
+                "check with its bound and the paired test's interval, the scores, and the worst examples.",
+    metadata={"spec_section": "eval_gate", "docs": "docs/quantization.md"},
 )
 def eval_gate(
     context: AssetCheckExecutionContext,
@@ -109,10 +115,12 @@ def eval_gate(
     cluster: ClusterResource,
 ) -> AssetCheckResult:
     candidate = quantized_checkpoint
-    if not candidate["quantized"]:
-        return AssetCheckResult(passed=True, metadata={"compared": "nothing: " + candidate["reason"]})
     model, version = parse_partition_key(context.partition_key)
-    specs, _ = serving_specs(control_plane.endpoints().list(), model, version, registry.client().alias_version)
+    client = registry.client()
+    if not candidate["quantized"]:
+        client.set_version_tags(model, version, gate_tags("not gated", f"not gated: {candidate['reason']}"))
+        return AssetCheckResult(passed=True, metadata={"compared": "nothing: " + candidate["reason"]})
+    specs, _ = serving_specs(control_plane.endpoints().list(), model, version, client.alias_version)
     gate = agreed_eval_gate(specs)
     thresholds = GateThresholds.from_spec(gate)
     data = load_eval_set(gate.dataset)
@@ -126,6 +134,14 @@ def eval_gate(
     traffic = revisions.traffic()
     something_serves = any(spec.name in traffic for spec in specs)
     fall_back = not something_serves and gate.on_failure is GateFailure.serve_baseline
+    interval = None  # the paired tests' line, once the candidate was compared
+
+    def record_tags(outcome: str, reasons: list[str], stops_here: bool) -> None:
+        client.set_version_tags(model, version, gate_tags("refused", outcome, interval, reasons))
+        if stops_here:  # with serve_baseline, served_endpoint writes where the baseline serves
+            record_serving(client, revisions, control_plane.router_url, context.partition_key,
+                           f"the eval gate refused {candidate['scheme']}: " + "; ".join(reasons))
+
     # The specs agree on one section, and a model's endpoints normally serve one revision.
     roles = [("candidate", candidate["serve_dir"]), ("baseline", candidate["source_dir"])]
     roles += [("serving", serving_dirs[0])] if serving_dirs else []
@@ -143,7 +159,9 @@ def eval_gate(
             failure = {**measured_on, "reason": what,
                        "engine_log_tail": MetadataValue.md(f"```\n{str(exc)[-3000:]}\n```")}
             if role == "candidate":
-                return _refusal(context, candidate, [what], something_serves, fall_back, kernels_used, failure)
+                return _refusal(context, candidate, [what], something_serves, fall_back, kernels_used, failure,
+                                record_tags)
+            client.set_version_tags(model, version, gate_tags("could not judge", what))
             return AssetCheckResult(passed=False, severity=AssetCheckSeverity.ERROR, metadata=failure)
     candidate_result, baseline_result = results["candidate"], results["baseline"]
     serving_result = results.get("serving")
@@ -160,10 +178,17 @@ def eval_gate(
         "baseline": MetadataValue.json({"task": baseline_result.task, "nll": baseline_result.nll}),
         "serving": MetadataValue.json({"task": serving_result.task, "nll": serving_result.nll}
                                       if serving_result else {}),
-        "worst_examples": MetadataValue.md(_table([w.to_row() for w in decision.worst_examples])),
+        "worst_examples": MetadataValue.md(worst_examples_table([w.to_row() for w in decision.worst_examples])),
+        "checks_table": MetadataValue.md(gate_checks_table(
+            [{**asdict(c), "paired": c.paired.to_json() if c.paired else None} for c in decision.checks])),
+        "scores": MetadataValue.md(scores_table(
+            {role: {"task": r.task, "nll": r.nll} for role, r in results.items()}, thresholds.metric)),
     }
+    interval = _interval(decision.checks)
     if not decision.passed:
-        return _refusal(context, candidate, decision.reasons, something_serves, fall_back, kernels_used, metadata)
+        return _refusal(context, candidate, decision.reasons, something_serves, fall_back, kernels_used, metadata,
+                        record_tags)
     record_verdict(candidate, "candidate", [], kernels_used)
+    client.set_version_tags(model, version, gate_tags("passed", f"passed: {candidate['scheme']} serves", interval))
     return AssetCheckResult(passed=True, severity=AssetCheckSeverity.ERROR,
                             metadata={**metadata, "decision": f"passed: {candidate['scheme']} serves"})

@@ -11,7 +11,8 @@ version by tags.
 
 Classic models, and ``scheme: none``, pass through: the value points at the source files
 and the metadata says the checkpoint is not quantized. The ``eval_gate`` check
-(:mod:`assets.eval_gate`) must pass before anything downstream runs.
+(:mod:`assets.eval_gate`) must pass before anything downstream runs. The version's MLflow page
+gets the ``modelplane.quantization.*`` tags (docs/pipeline-metadata.md).
 """
 
 
@@ -20,15 +21,19 @@ from pathlib import Path
 
 from dagster import AssetExecutionContext, Failure, MetadataValue, Output, asset
 
+from assets.catalog import GROUP, OWNERS, step_tags
+from assets.metadata import layer_group_table, links, mlflow_run_url, quantization_sizes_table, worst_layers_table
 from assets.serving_specs import agreed_quantization, serving_specs
 from assets.source_model import model_versions
 from evaluation.gec_data import calibration_texts
 from pipelines.deploy_plan import checkpoint_sections
 from pipelines.registry import parse_partition_key
+from pipelines.version_tags import quantization_tags
 from pipelines.resources import (ClusterResource, ControlPlaneResource, ModelStoreResource, QuantizerResource,
                                  RegistryResource)
 from quantization.engine_support import check_supported
 from quantization.plan import plan_for
+from quantization.reconstruction import layer_group
 from quantization.worker import REPORT_FILE
 from serving.runtime.model_layout import locate
 
@@ -43,17 +48,20 @@ def _passed_through(source_model: dict, profile_key: str, engine: str, why: str,
              "is_llm": source_model["is_llm"], "serve_dir": source_model["local_dir"],
              "source_dir": source_model["local_dir"], "scheme": None, "engine": engine,
              "hardware_profile": profile_key, "reason": why}
-    return Output(value, metadata={"quantized": False, "reason": why, "hardware_profile": profile_key,
+    return Output(value, metadata={"quantized": False, "scheme": "none", "reason": why, "hardware_profile": profile_key,
                                    "serve_dir": MetadataValue.path(source_model["local_dir"]),
                                    "checkpoint_sections": sections})
 
 
 @asset(
     partitions_def=model_versions,
-    group_name="deploy",
-    kinds={"pytorch"},
-    description="The LLM quantized for the serving hardware (FP8 or INT8 W8A8, compressed-tensors); "
-                "classic models pass through.",
+    group_name=GROUP,
+    kinds={"pytorch", "mlflow"},
+    owners=OWNERS,
+    tags=step_tags(2, "quantize", measures=True),
+    description="Step 2 of 5. The LLM quantized for the serving hardware (FP8 or INT8 W8A8, compressed-tensors), "
+                "with the weight error per layer group and the sizes; classic models pass through. Its eval_gate "
+                "check must pass (or let the baseline serve) before anything downstream runs.",
     pool=MEASUREMENT_POOL,
 )
 def quantized_checkpoint(
@@ -71,13 +79,15 @@ def quantized_checkpoint(
     specs, _ = serving_specs(control_plane.endpoints().list(), model, version, client.alias_version)
     sections = checkpoint_sections(specs[0]) if specs else ""  # the specs agree on these sections
     if not source_model["is_llm"]:
-        return _passed_through(source_model, profile.key, profile.engine,
-                               f"{source_model['flavor']} model: served as registered", sections)
+        why = f"{source_model['flavor']} model: served as registered"
+        client.set_version_tags(model, version, quantization_tags(None, profile.key, why))
+        return _passed_through(source_model, profile.key, profile.engine, why, sections)
     settings = agreed_quantization(specs)
     plan = plan_for(scheme=settings.scheme.value, quantize_attention=settings.quantize_attention,
                     weight_granularity=settings.weight_granularity.value, kv_cache=settings.kv_cache,
                     accelerator=profile.accelerator)
     if plan is None:
+        client.set_version_tags(model, version, quantization_tags(None, profile.key, "quantization.scheme is none"))
         return _passed_through(source_model, profile.key, profile.engine, "quantization.scheme is none", sections)
     try:
         check_supported(plan, profile.engine)
@@ -94,6 +104,7 @@ def quantized_checkpoint(
     reported = quantizer.run(context, extras).get_materialize_result().metadata
     report = json.loads((output_dir / REPORT_FILE).read_text())
     groups = report["weight_error"]["groups"]
+    client.set_version_tags(model, version, quantization_tags(plan.label, profile.key))
     run_id = client.log_derived(
         model, version, KIND, output_dir,
         tags={"modelplane.scheme": plan.label, "modelplane.hardware_profile": profile.key},
@@ -113,4 +124,9 @@ def quantized_checkpoint(
         "quantization_config": MetadataValue.json(report["quantization_config"]),
         "checkpoint_sections": sections,
         "serve_dir": MetadataValue.path(str(output_dir)),
+        "weight_error_by_group": MetadataValue.md(layer_group_table(groups, report["weight_error"]["layers"],
+                                                                    layer_group)),
+        "worst_layers": MetadataValue.md(worst_layers_table(report["weight_error"]["layers"])),
+        "sizes": MetadataValue.md(quantization_sizes_table(report)),
+        **links(mlflow_run=mlflow_run_url(registry.web_url(), run_id)),
     })

@@ -12,7 +12,9 @@ its replicas on the cluster backend, wait until every replica is ready, move the
 endpoint's traffic to it, drain the previous revision and retire it (:mod:`assets.rollout`
 decides; :class:`RolloutDriver` acts). A revision that never becomes ready is retired and
 the endpoint keeps serving the one it had. ``min_replicas`` that do not fit where replicas run
-are refused before anything starts (:mod:`cluster.capacity`).
+are refused before anything starts (:mod:`cluster.capacity`). The version's MLflow page says
+where and since when it serves, or why it does not, and so does the page of a version it
+replaced (``modelplane.serving.*`` tags, :mod:`assets.serving_state`).
 """
 
 import time
@@ -24,8 +26,11 @@ from pathlib import Path
 import httpx
 from dagster import AssetExecutionContext, Failure, MetadataValue, Output, asset
 
+from assets.catalog import GROUP, OWNERS, step_tags
 from assets.gate_verdict import serving_checkpoint
+from assets.metadata import endpoints_table, links, mlflow_version_url
 from assets.serving_specs import serving_specs
+from assets.serving_state import record_serving, scaling_plot
 from assets.canary import CanaryPhase
 from assets.rollout import (Canary, CanaryPlan, CanaryVerdict, Drain, Retire, RolloutResult, Route, Start, StillCurrent,
                             Superseded, WaitReady, rollout)
@@ -38,7 +43,7 @@ from controlplane.revisions import RevisionStore, TrafficChanged, revision_spec
 from controlplane.routers import RouterStore
 from controlplane.splits import SplitStore
 from controlplane.specs import Runtime
-from pipelines.registry import parse_partition_key
+from pipelines.registry import RegistryError, parse_partition_key
 from pipelines.resources import ClusterResource, ControlPlaneResource, RegistryResource
 from serving.runtime.model_layout import locate
 from serving.runtime.registry import runtime_for
@@ -213,11 +218,29 @@ def _replicas_that_fit(spec, runtime: str, model_dir: str, replicas: int, capaci
         raise Failure(description=str(exc), allow_retries=False) from None
 
 
+def _record_replaced(client, revisions: RevisionStore, router_url: str, partition_key: str, served: list) -> None:
+    """The versions this rollout took endpoints from: their MLflow pages say by what and when."""
+    for entry in served:
+        previous = revisions.get(entry["previous_revision"]) if entry["previous_revision"] else None
+        if previous is not None and previous.partition_key != partition_key:
+            at = revisions.get(entry["revision"]).details.get("routed_at", "")
+            try:
+                record_serving(client, revisions, router_url, previous.partition_key,
+                               f"replaced by {partition_key} on {entry['endpoint']} at {at}")
+            except KeyError:  # that version was deleted from the registry since; nothing to tag
+                continue
+
+
 @asset(
     partitions_def=model_versions,
-    group_name="deploy",
-    kinds={"python"},
-    description="The version live behind the router for every endpoint whose alias points at it.",
+    group_name=GROUP,
+    kinds={"python", "mlflow"},
+    owners=OWNERS,
+    tags=step_tags(5, "serve", changes_traffic=True),
+    description="Step 5 of 5. The version live behind the router for every endpoint whose alias points at it: "
+                "a new revision started, made ready, given the traffic, the old one drained and retired. Shows "
+                "the endpoint URL, the revisions, the cold start and, once the autoscaler has decided, replicas "
+                "against demand over the last day; writes where the version serves on its MLflow page.",
     retry_policy=DEPLOY_RETRIES,
 )
 def served_endpoint(
@@ -232,12 +255,21 @@ def served_endpoint(
     model, version = parse_partition_key(context.partition_key)
     client = registry.client()
     specs, superseded = serving_specs(control_plane.endpoints().list(), model, version, client.alias_version)
+    revisions = RevisionStore(control_plane.engine())
+
+    def stop(reason: str, allow_retries: bool = True) -> Failure:
+        """The run stops here: the version's MLflow page says why, unless it serves elsewhere already."""
+        try:
+            record_serving(client, revisions, control_plane.router_url, context.partition_key, reason)
+        except (RegistryError, KeyError) as exc:  # the failure to report is the rollout's, not this
+            context.log.warning(f"could not write why {model} v{version} does not serve on its MLflow page: {exc}")
+        return Failure(description=reason, allow_retries=allow_retries)
+
     if not specs:
         names = ", ".join(s.name for s in superseded)
-        raise Failure(description=f"no endpoint serves {model} v{version} now"
-                      + (f" (the aliases of {names} point elsewhere)" if names else
-                         f"; create a spec with model: models:/{model}@<alias>"), allow_retries=False)
-    revisions = RevisionStore(control_plane.engine())
+        raise stop(f"no endpoint serves {model} v{version} now"
+                   + (f" (the aliases of {names} point elsewhere)" if names else
+                      f"; create a spec with model: models:/{model}@<alias>"), allow_retries=False)
     aliases = {spec.name: spec.alias for spec in specs}
     engine = control_plane.engine()
     driver = RolloutDriver(cluster.client(), revisions, context.log.info, routers=RouterStore(engine),
@@ -283,7 +315,7 @@ def served_endpoint(
             context.log.warning(f"{spec.name}: {result.reason}")
             continue
         if not result.ok:
-            raise Failure(description=f"{spec.name}: {result.reason}")
+            raise stop(f"{spec.name}: {result.reason}")
         served.append({"endpoint": spec.name, "revision": revision.id, "previous_revision": result.previous_revision_id,
                        "runtime": runtime, "replicas": replicas, "checkpoint": checkpoint.label,
                        "target_concurrency": cost_model["target_concurrency"], "time_to_ready_s": round(time.monotonic() - started, 1),
@@ -291,8 +323,11 @@ def served_endpoint(
                        "image": ImageRef.from_json(image).reference if image else None,
                        "cold_start": revisions.get(revision.id).details.get("cold_start")})
     if not served:
-        raise Failure(description=f"every endpoint's alias moved past {model} v{version} during the rollout; "
-                                  "nothing changed", allow_retries=False)
+        raise stop(f"every endpoint's alias moved past {model} v{version} during the rollout; nothing changed",
+                   allow_retries=False)
+    record_serving(client, revisions, control_plane.router_url, context.partition_key,
+                   "its endpoints moved to other versions while this run rolled it out")
+    _record_replaced(client, revisions, control_plane.router_url, context.partition_key, served)
     first = served[0]
     return Output(served, metadata={
         "url": MetadataValue.url(first["url"]),
@@ -311,4 +346,7 @@ def served_endpoint(
         "started_from": first.get("image") or "the model directory, in place",
         **cold_start_metadata(first.get("cold_start")),
         "endpoints": MetadataValue.json(served),
+        "endpoints_table": MetadataValue.md(endpoints_table(served)),
+        "replicas_vs_demand": scaling_plot(engine, first["endpoint"], first["target_concurrency"]),
+        **links(mlflow_version=mlflow_version_url(registry.web_url(), model, version)),
     })

@@ -12,7 +12,9 @@ import re
 
 from dagster import AssetExecutionContext, MetadataValue, Output, asset
 
+from assets.catalog import GROUP, OWNERS, step_tags
 from assets.gate_verdict import serving_checkpoint
+from assets.metadata import image_digest_url, image_layers_table
 from assets.served_endpoint import choose_runtime
 from assets.serving_specs import serving_specs
 from assets.source_model import DEPLOY_RETRIES, model_versions
@@ -33,9 +35,12 @@ def repository_name(prefix: str, model: str) -> str:
 
 @asset(
     partitions_def=model_versions,
-    group_name="deploy",
-    kinds={"python"},
-    description="The version's OCI serving image and its lazily fetchable, seekable form.",
+    group_name=GROUP,
+    kinds={"oci"},
+    owners=OWNERS,
+    tags=step_tags(4, "build"),
+    description="Step 4 of 5. The version's OCI serving image (runtime layer + model layer, built without Docker) "
+                "and its lazily fetchable, seekable form, with links to both by digest and the layers' sizes.",
     retry_policy=DEPLOY_RETRIES,
 )
 def serving_image(
@@ -81,6 +86,10 @@ def serving_image(
                 f"{runtime}_digest": ref.manifest_digest,
                 f"{runtime}_seekable_digest": ref.seekable_digest,
                 f"{runtime}_registry": MetadataValue.url(f"{ref.registry}/v2/{ref.repo}/manifests/{ref.tag}"),
+                f"{runtime}_digest_url": MetadataValue.url(image_digest_url(ref.registry, ref.repo, ref.manifest_digest)),
+                f"{runtime}_seekable_url": MetadataValue.url(image_digest_url(ref.registry, ref.repo,
+                                                                              ref.seekable_digest)),
+                f"{runtime}_layers_table": MetadataValue.md(image_layers_table(facts["layers"])),
                 f"{runtime}_image_bytes": facts["image_bytes"],
                 f"{runtime}_seekable_bytes": facts["seekable_bytes"],
                 f"{runtime}_build_s": facts["build_s"],

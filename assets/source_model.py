@@ -11,6 +11,8 @@ import time
 from dagster import (AssetExecutionContext, Backoff, DynamicPartitionsDefinition, MetadataValue, Output, RetryPolicy,
                      asset)
 
+from assets.catalog import GROUP, OWNERS, step_tags
+from assets.metadata import links, markdown_table, mlflow_run_url, mlflow_version_url
 from assets.model_files import describe
 from pipelines.registry import parse_partition_key
 from pipelines.resources import ModelStoreResource, RegistryResource
@@ -24,9 +26,12 @@ DEPLOY_RETRIES = RetryPolicy(max_retries=2, delay=10, backoff=Backoff.EXPONENTIA
 
 @asset(
     partitions_def=model_versions,
-    group_name="deploy",
+    group_name=GROUP,
     kinds={"mlflow"},
-    description="The registered model version, downloaded from MLflow and described.",
+    owners=OWNERS,
+    tags=step_tags(1, "source"),
+    description="Step 1 of 5. The registered model version, downloaded from MLflow and described: flavor, "
+                "parameter count, signature, size, with links to its MLflow version page and run.",
     retry_policy=DEPLOY_RETRIES,
 )
 def source_model(
@@ -70,5 +75,12 @@ def source_model(
         "download_s": round(download_s, 2),
         "local_dir": MetadataValue.path(str(local_dir)),
         "signature": MetadataValue.json(described.signature or {}),
+        "summary": MetadataValue.md(markdown_table(
+            ["model", "version", "flavor", "kind", "parameters", "size MB", "files"],
+            [[model, version, described.flavor, "llm" if described.is_llm else "classic",
+              described.parameter_count if described.parameter_count is not None else "unknown",
+              round(described.size_bytes / 1e6, 2), described.file_count]])),
+        **links(mlflow_version=mlflow_version_url(registry.web_url(), model, version),
+                mlflow_run=mlflow_run_url(registry.web_url(), registered.run_id)),
     }
     return Output(value, metadata=metadata)

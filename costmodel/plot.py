@@ -20,6 +20,7 @@ from costmodel.fit import CostModel
 from costmodel.sweep import RequestSample, SweepPoint
 
 FIGURE_SIZE_IN = (9.0, 4.0)
+PANEL_SIZE_IN = (4.5, 4.0)
 DPI = 80
 
 
@@ -71,6 +72,13 @@ def _draw_predicted_vs_measured(axes, samples: Sequence[RequestSample], model: C
     axes.set_ylabel("predicted latency (ms)")
 
 
+def _png(figure: Figure) -> bytes:
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
 def plot_png(points: Sequence[SweepPoint], samples: Sequence[RequestSample], model: CostModel) -> bytes:
     """Both panels as PNG bytes (9 × 4 in at 80 dpi: 720 × 320 pixels)."""
     figure = Figure(figsize=FIGURE_SIZE_IN, dpi=DPI)
@@ -78,7 +86,20 @@ def plot_png(points: Sequence[SweepPoint], samples: Sequence[RequestSample], mod
     left, right = figure.subplots(1, 2)
     _draw_latency_by_concurrency(left, points, model)
     _draw_predicted_vs_measured(right, samples, model)
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    return buffer.getvalue()
+    return _png(figure)
+
+
+def latency_png(points: Sequence[SweepPoint], model: CostModel) -> bytes:
+    """The left panel alone: measured latency against concurrency (4.5 × 4 in: 360 × 320 pixels)."""
+    figure = Figure(figsize=PANEL_SIZE_IN, dpi=DPI)
+    FigureCanvasAgg(figure)
+    _draw_latency_by_concurrency(figure.subplots(), points, model)
+    return _png(figure)
+
+
+def fit_png(samples: Sequence[RequestSample], model: CostModel) -> bytes:
+    """The right panel alone: the fit, predicted against measured latency (360 × 320 pixels)."""
+    figure = Figure(figsize=PANEL_SIZE_IN, dpi=DPI)
+    FigureCanvasAgg(figure)
+    _draw_predicted_vs_measured(figure.subplots(), samples, model)
+    return _png(figure)

@@ -9,18 +9,23 @@ version (visible in the Dagster UI, severity WARN). A revision that breaks its b
 its first ``bake_window_s`` gets a ``rollback`` run: a fresh revision of the version it
 replaced is started, takes the traffic (compare-and-set against the bad one), and the bad one
 is drained and retired. The registry sensor then leaves that version alone on that endpoint
-(``rolled_back`` in its revision details) until its alias names another version.
+(``rolled_back`` in its revision details) until its alias names another version. Once an hour
+an endpoint's evaluation also carries its last day, replicas against demand, as a plot.
 """
 
 
+import json
+import time
 from datetime import datetime, timedelta, timezone
 
 from dagster import (AssetCheckEvaluation, AssetCheckResult, AssetCheckSeverity, AssetKey, Config, DefaultSensorStatus,
-                     Failure, OpExecutionContext, RunRequest, SensorEvaluationContext, SensorResult, SkipReason,
+                     Failure, MetadataValue, OpExecutionContext, RunRequest, SensorEvaluationContext, SensorResult, SkipReason,
                      asset_check, job, op, sensor)
 from sqlalchemy import Engine
 
 from assets.endpoint_health import HealthInputs, HealthReport, HealthThresholds, assess
+from assets.metadata import markdown_table
+from assets.serving_state import scaling_plot
 from assets.served_endpoint import RolloutDriver, _roll_out, served_endpoint
 from assets.source_model import model_versions
 from autoscale.controller.loop import EndpointLoad
@@ -31,6 +36,7 @@ from controlplane.scaling import AUTOSCALER_LEASE, AUTOSCALER_LEASE_TTL_S, Lease
 from pipelines.resources import ClusterResource, ControlPlaneResource
 
 HEALTH_INTERVAL_S = 30
+PLOT_EVERY_S = 3600  # how often an evaluation carries the endpoint's replicas-against-demand plot
 CHECK_NAME = "endpoint_health"
 ROLLBACK_TAG = "modelplane/rollback-of"
 SERVED_ENDPOINT = AssetKey("served_endpoint")
@@ -61,20 +67,51 @@ def gather(engine: Engine, cluster, revision: Revision, slo_p99_ms: float, load:
                         autoscaler_heartbeat_age_s=autoscaler_age, serving_for_s=serving_for_s or 0.0)
 
 
-def evaluation(inputs: HealthInputs, report: HealthReport, partition: str) -> AssetCheckEvaluation:
+def health_metadata(inputs: HealthInputs, report: HealthReport, bounds: HealthThresholds = HealthThresholds()) -> dict:
+    """What the check saw, as numbers (-1: not known) and one markdown table against its bounds."""
+    def known(value: float | None) -> float:
+        return value if value is not None else -1.0
+
+    table = markdown_table(["measure", "seen", "bound"], [
+        ["p99 latency ms (30 s)", inputs.p99_latency_ms, inputs.slo_p99_ms],
+        ["server errors (30 s)", f"{inputs.errors} of {inputs.requests}", f"{bounds.max_error_rate:.1%}"],
+        ["ready replicas", inputs.ready_replicas, f"≥ {inputs.desired_replicas}"],
+        ["router heartbeat age s", inputs.router_heartbeat_age_s, bounds.heartbeat_stale_s],
+        ["autoscaler heartbeat age s", inputs.autoscaler_heartbeat_age_s, bounds.heartbeat_stale_s],
+        ["serving for s", inputs.serving_for_s, f"bake rules until {bounds.bake_window_s:g}"]])
+    return {"endpoint": inputs.endpoint, "revision": inputs.revision_id,
+            "p99_latency_ms": known(inputs.p99_latency_ms), "slo_p99_ms": inputs.slo_p99_ms,
+            "answers_30s": inputs.requests, "server_errors_30s": inputs.errors,
+            "ready_replicas": inputs.ready_replicas, "desired_replicas": inputs.desired_replicas,
+            "router_heartbeat_age_s": known(inputs.router_heartbeat_age_s),
+            "autoscaler_heartbeat_age_s": known(inputs.autoscaler_heartbeat_age_s),
+            "problems": "\n".join(report.problems) or "none", "rollback": report.rollback_reason or "no",
+            "health": MetadataValue.md(table)}
+
+
+def evaluation(inputs: HealthInputs, report: HealthReport, partition: str,
+               extra: dict | None = None) -> AssetCheckEvaluation:
     return AssetCheckEvaluation(
         asset_key=SERVED_ENDPOINT, check_name=CHECK_NAME, passed=report.passed, partition=partition,
         severity=AssetCheckSeverity.WARN, description=f"{inputs.endpoint}: {report.describe()}",
-        metadata={"endpoint": inputs.endpoint, "revision": inputs.revision_id,
-                  "p99_latency_ms": inputs.p99_latency_ms if inputs.p99_latency_ms is not None else -1.0,
-                  "slo_p99_ms": inputs.slo_p99_ms, "answers_30s": inputs.requests, "server_errors_30s": inputs.errors,
-                  "ready_replicas": inputs.ready_replicas, "desired_replicas": inputs.desired_replicas,
-                  "router_heartbeat_age_s": inputs.router_heartbeat_age_s if inputs.router_heartbeat_age_s is not None
-                  else -1.0,
-                  "autoscaler_heartbeat_age_s": inputs.autoscaler_heartbeat_age_s
-                  if inputs.autoscaler_heartbeat_age_s is not None else -1.0,
-                  "problems": "\n".join(report.problems) or "none",
-                  "rollback": report.rollback_reason or "no"})
+        metadata={**health_metadata(inputs, report), **(extra or {})})
+
+
+def plots_due(cursor: str | None, endpoints: list[str], now_s: float, every_s: float = PLOT_EVERY_S) -> tuple[list[str], str]:
+    """Which endpoints' evaluations carry the replicas-against-demand plot this tick, and the next cursor.
+
+    A PNG in every 30 s evaluation would fill the event log (~30 kB × 2,880 a day per endpoint);
+    once an hour keeps the day's picture current. The cursor is ``{endpoint: when last plotted, s}``.
+
+    >>> plots_due(None, ["gec"], 7200.0)
+    (['gec'], '{"gec": 7200.0}')
+    >>> plots_due('{"gec": 7200.0}', ["gec", "new"], 9000.0)
+    (['new'], '{"gec": 7200.0, "new": 9000.0}')
+    """
+    plotted = json.loads(cursor) if cursor else {}
+    due = [e for e in endpoints if now_s - plotted.get(e, float("-inf")) >= every_s]
+    plotted = {e: (now_s if e in due else plotted[e]) for e in endpoints}  # endpoints gone are forgotten
+    return due, json.dumps(plotted)
 
 
 def health_of_serving(control_plane: ControlPlaneResource, cluster: ClusterResource,
@@ -137,7 +174,9 @@ def rollback_job():
 
 @asset_check(asset=served_endpoint, name=CHECK_NAME, partitions_def=model_versions, blocking=False,
              description="p99 against the SLO, server errors, ready against desired replicas, and the routers' and "
-                         "autoscaler's heartbeats; evaluated every 30 s by endpoint_health_sensor.")
+                         "autoscaler's heartbeats; evaluated every 30 s by endpoint_health_sensor, which rolls back "
+                         "a revision that breaks its bake rules.",
+             metadata={"interval_s": HEALTH_INTERVAL_S, "docs": "docs/reliability.md"})
 def endpoint_health(context, control_plane: ControlPlaneResource, cluster: ClusterResource) -> AssetCheckResult:
     partition = context.partition_key
     try:
@@ -149,13 +188,14 @@ def endpoint_health(context, control_plane: ControlPlaneResource, cluster: Clust
         if revision.partition_key == partition:
             return AssetCheckResult(passed=report.passed, severity=AssetCheckSeverity.WARN,
                                     description=f"{inputs.endpoint}: {report.describe()}",
-                                    metadata={"revision": revision.id, "problems": "\n".join(report.problems) or "none"})
+                                    metadata=health_metadata(inputs, report))
     return AssetCheckResult(passed=True, severity=AssetCheckSeverity.WARN,
                             description=f"no endpoint serves {partition} now", metadata={"revision": "none"})
 
 
 @sensor(minimum_interval_seconds=HEALTH_INTERVAL_S, default_status=DefaultSensorStatus.RUNNING,
-        description="Evaluates endpoint_health on every served endpoint; rolls back a revision that fails its bake.",
+        description="Evaluates endpoint_health on every served endpoint (with its replicas against demand over the "
+                    "last day, once an hour); rolls back a revision that fails its bake.",
         job=rollback_job)
 def endpoint_health_sensor(context: SensorEvaluationContext, control_plane: ControlPlaneResource,
                            cluster: ClusterResource) -> SensorResult | SkipReason:
@@ -163,8 +203,12 @@ def endpoint_health_sensor(context: SensorEvaluationContext, control_plane: Cont
     if not checked:
         return SkipReason("no endpoint has a serving revision")
     events, requests = [], []
+    due, cursor = plots_due(context.cursor, [inputs.endpoint for inputs, _, _ in checked], time.time())
     for inputs, report, revision in checked:
-        events.append(evaluation(inputs, report, revision.partition_key))
+        extra = ({"replicas_vs_demand": scaling_plot(control_plane.engine(), inputs.endpoint,
+                                                     revision.details.get("target_concurrency"))}
+                 if inputs.endpoint in due else None)
+        events.append(evaluation(inputs, report, revision.partition_key, extra))
         replaced = revision.details.get("replaced")
         # never back and forth: a revision that is itself a rollback is not rolled back (it fails the check)
         if (report.rollback_reason and replaced and not revision.details.get("rolled_back")
@@ -177,4 +221,4 @@ def endpoint_health_sensor(context: SensorEvaluationContext, control_plane: Cont
                     "reason": report.rollback_reason}}}}))
         elif not report.passed:
             context.log.warning(f"{inputs.endpoint}: {report.describe()}")
-    return SensorResult(run_requests=requests, asset_events=events)
+    return SensorResult(run_requests=requests, asset_events=events, cursor=cursor)

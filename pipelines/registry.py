@@ -1,4 +1,4 @@
-"""The model registry as the deploy pipeline needs it: three calls, one Protocol.
+"""The model registry as the deploy pipeline needs it: five calls, one Protocol.
 
 ``MlflowRegistry`` talks to a real MLflow tracking server (or a SQL store URI);
 ``InMemoryRegistry`` is the fake for unit tests of logic. ``tests/test_registry.py``
@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Protocol
 
 
@@ -45,6 +46,10 @@ class ModelRegistry(Protocol):
         The run carries ``modelplane.source_model``, ``modelplane.source_version`` and
         ``modelplane.kind`` tags; the version gets ``modelplane.<kind>.run_id``. Returns the run id.
         """
+
+    def set_version_tags(self, model: str, version: str, tags: Mapping[str, str | None]) -> None:
+        """Set the version's tags; a ``None`` value deletes that tag (absent already is fine).
+        Raises ``KeyError`` when the version does not exist (``pipelines.version_tags`` names them)."""
 
 
 DERIVED_EXPERIMENT = "modelplane-derived"
@@ -148,6 +153,22 @@ class MlflowRegistry:
         self._client.set_model_version_tag(model, version, f"modelplane.{kind}.run_id", run.info.run_id)
         return run.info.run_id
 
+    def set_version_tags(self, model: str, version: str, tags: Mapping[str, str | None]) -> None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            for key, value in tags.items():
+                if value is None:
+                    self._client.delete_model_version_tag(model, version, key)
+                else:
+                    self._client.set_model_version_tag(model, version, key, value)
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                raise KeyError(f"{model} version {version} is not registered") from exc
+            raise RegistryError(f"MLflow at {self.tracking_uri}: {exc.message}") from exc
+        except OSError as exc:
+            raise RegistryError(f"MLflow at {self.tracking_uri} is unreachable: {exc}") from exc
+
     def _experiment_for(self, source: RegisteredVersion) -> str:
         """The experiment of the run that logged the version, else ``modelplane-derived``."""
         if source.run_id:
@@ -206,3 +227,11 @@ class InMemoryRegistry:
                                 "files": files}
         registered.tags[f"modelplane.{kind}.run_id"] = run_id
         return run_id
+
+    def set_version_tags(self, model: str, version: str, tags: Mapping[str, str | None]) -> None:
+        registered = self.model_version(model, version)
+        for key, value in tags.items():
+            if value is None:
+                registered.tags.pop(key, None)
+            else:
+                registered.tags[key] = value

@@ -13,6 +13,7 @@ from dagster import ConfigurableResource, PipesClientCompletedInvocation, PipesS
 from pydantic import Field
 from sqlalchemy import Engine
 
+from assets.metadata import mlflow_web
 from cluster.capacity import GIB, Capacity, local_capacity
 from cluster.hardware import HardwareProfile, detect_local
 from cluster.protocol import Cluster
@@ -83,9 +84,15 @@ class RegistryResource(ConfigurableResource):
     """The MLflow model registry."""
 
     tracking_uri: str = Field(description="MLflow tracking/registry URI (http://… or sqlite:///…).")
+    ui_url: str | None = Field(None, description="Where a browser reaches the MLflow UI, for links in the Dagster "
+                               "UI; none: the tracking URI when it is http(s), else no links.")
 
     def client(self) -> ModelRegistry:
         return MlflowRegistry(self.tracking_uri)
+
+    def web_url(self) -> str | None:
+        """The MLflow UI's base URL, or None when there is none to link to."""
+        return mlflow_web(self.tracking_uri, self.ui_url)
 
 
 class QuantizerResource(ConfigurableResource):

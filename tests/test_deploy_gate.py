@@ -41,6 +41,8 @@ SPEC = ("name: tiny\nmodel: models:/tiny-llm@champion\nscaling: {min_replicas: 1
 class Deployment:
     """One MLflow store, one control-plane database, a running supervisor; deploy runs on demand."""
 
+    mlflow_ui_url: str | None = None  # the registry resource's ui_url: links in the metadata when set
+
     def __init__(self, root: Path) -> None:
         from mlflow import MlflowClient
 
@@ -79,7 +81,7 @@ class Deployment:
             instance=self.instance, raise_on_error=False,
             resources={"control_plane": ControlPlaneResource(database_url=self.database_url),
                        "cluster": ClusterResource(database_url=self.database_url, memory_gib=memory_gib),
-                       "registry": RegistryResource(tracking_uri=self.uri),
+                       "registry": RegistryResource(tracking_uri=self.uri, ui_url=self.mlflow_ui_url),
                        "model_store": ModelStoreResource(root_dir=str(self.root / "models")),
                        "quantizer": quantizer,
                        # started in place here; tests/test_serving_image.py starts replicas from images

@@ -120,3 +120,24 @@ def test_derived_files_are_logged_and_linked_to_their_version_by_tags(harness, t
 def test_derived_files_of_an_unknown_version_are_refused(harness, tmp_path):
     with pytest.raises(KeyError, match="gec version 9"):
         harness.registry.log_derived("gec", "9", "quantized_checkpoint", tmp_path, tags={}, metrics={})
+
+
+def test_version_tags_are_set_replaced_and_deleted_by_none(harness):
+    harness.register("gec", {"MLmodel": b"flavors: {}\n"})
+    harness.registry.set_version_tags("gec", "1", {"modelplane.serving.state": "not serving",
+                                                   "modelplane.serving.reason": "the eval gate refused int8",
+                                                   "modelplane.serving.endpoint": None})  # absent: nothing to delete
+    harness.registry.set_version_tags("gec", "1", {"modelplane.serving.state": "serving",
+                                                   "modelplane.serving.reason": None,
+                                                   "modelplane.serving.endpoint": "gec"})
+    tags = harness.registry.model_version("gec", "1").tags
+    assert {k: v for k, v in tags.items() if k.startswith("modelplane.serving.")} == {
+        "modelplane.serving.state": "serving", "modelplane.serving.endpoint": "gec"}
+    if isinstance(harness, MlflowHarness):  # what a data scientist's client reads
+        assert harness.client.get_model_version("gec", "1").tags["modelplane.serving.state"] == "serving"
+
+
+def test_tags_of_an_unknown_version_are_refused(harness):
+    harness.register("gec", {"MLmodel": b"flavors: {}\n"})
+    with pytest.raises(KeyError, match="gec version 9"):
+        harness.registry.set_version_tags("gec", "9", {"modelplane.serving.state": "serving"})

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from assets.metadata import table_rows
 from images.mount.system import fuse_available
 from images.oci.client import HttpRegistry
 from images.oci.layout import pull_image
@@ -213,6 +214,9 @@ def test_deploying_a_version_builds_its_image_and_serves_it_from_the_mount_with_
     image_meta = result.asset_materializations_for_node("serving_image")[0].metadata
     served = result.asset_materializations_for_node("served_endpoint")[0].metadata
     reference = image_meta["pyfunc_image"].value
+    digest = image_meta["pyfunc_digest"].value
+    assert image_meta["pyfunc_digest_url"].value == f"{embedded_registry.url}/v2/modelplane/iris/manifests/{digest}"
+    assert [row["layer"] for row in table_rows(image_meta["pyfunc_layers_table"].value)] == ["env", "model"]
     assert served["started_from"].value == reference
     split = {key: served[f"cold_start_{key}"].value for key in ("time_to_ready_s", "image_s", "weights_s", "engine_s",
                                                                 "bytes_before_ready", "image_bytes")}
