@@ -189,6 +189,29 @@ def test_moving_the_alias_back_serves_the_old_version_again_without_rebuilding_i
     assert answer.status_code == 200, answer.text
 
 
+def test_status_shows_each_endpoint_its_revision_replicas_and_traffic_on_the_running_platform(platform):
+    import json
+
+    from controlplane.status_view import ENDPOINT_HEADERS
+
+    answered = httpx.post(f"{platform.url('router')}/serving-endpoints/iris/invocations", json=IRIS_REQUEST,
+                          headers={"Authorization": f"Bearer {token(platform, 'iris')}"}, timeout=30)
+    assert answered.status_code == 200
+    shown = platform.cli("status", "--json")
+    assert shown.returncode == 0, shown.stderr
+    data = json.loads(shown.stdout)
+    endpoints = {e["name"]: e for e in data["endpoints"]}
+    assert {"iris", "tiny-llm"} <= set(endpoints) and data["routers"]["live"] >= 1
+    iris = endpoints["iris"]
+    assert iris["serving_revision"].startswith("iris-v1-")  # the alias was moved back to v1
+    assert iris["ready_replicas"] == iris["desired_replicas"] >= 1
+    platform.env["COLUMNS"] = "250"  # rich wraps its table at the terminal's width
+    table = platform.cli("status").stdout
+    assert "Endpoints" in table and "Revisions" in table
+    assert all(header in table for header in ENDPOINT_HEADERS)
+    assert any(line.split("│")[1].strip() == "iris" for line in table.splitlines() if line.count("│") > 2), table
+
+
 def platform_processes(platform) -> list[psutil.Process]:
     return platform.processes()
 
