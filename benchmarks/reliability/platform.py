@@ -19,6 +19,7 @@ import httpx
 import psutil
 
 from benchmarks.polling import wait_for
+from cluster.local.replica import free_port
 
 REPO = Path(__file__).resolve().parent.parent.parent
 MODELPLANE = str(Path(sys.executable).parent / "modelplane")
@@ -32,21 +33,13 @@ IRIS_REQUEST = {"dataframe_split": {"columns": ["sepal length (cm)", "sepal widt
 PORT_SETTINGS = ("MODELPLANE_MLFLOW_PORT", "MODELPLANE_DAGSTER_PORT", "MODELPLANE_ADMIN_PORT", "MODELPLANE_ROUTER_PORT")
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class RunningPlatform:
     """``modelplane up [args]`` with its state in ``home``; ``database_url`` None means SQLite there."""
 
     def __init__(self, home: Path, database_url: str | None = None, *args: str,
                  env: dict[str, str] | None = None) -> None:
         self.home = home
-        self.ports = {name: free_port() for name in PORT_SETTINGS}
+        self.ports = {name: free_port("127.0.0.1") for name in PORT_SETTINGS}
         self.env = {**os.environ, "MODELPLANE_HOME": str(home), **{k: str(v) for k, v in self.ports.items()},
                     **(env or {})}
         self.env.pop("MODELPLANE_DATABASE_URL", None)
