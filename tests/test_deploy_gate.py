@@ -6,11 +6,16 @@ version whose quantized scales were damaged fails the gate, nothing downstream r
 endpoint keeps answering from the first; a first version whose candidate is refused serves
 its unquantized baseline (``eval_gate.on_failure: serve_baseline``, the default) or nothing
 (``block``); an FP8 checkpoint is produced, loads on the CPU engine and passes the gate; the
-spec's switches change the saved recipe.
+spec's switches change the saved recipe. The same two deploys show each step's tables, plots and
+links in Dagster and write each version's state on its MLflow page (docs/pipeline-metadata.md): the
+endpoint's last day of autoscaler decisions is recorded first, as a redeploy finds it, so
+``served_endpoint`` has a replicas-against-demand plot to draw.
 """
 
 import json
 import threading
+import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import httpx
@@ -19,6 +24,7 @@ from dagster import DagsterInstance, materialize
 
 from assets.cost_model import cost_model
 from assets.eval_gate import eval_gate
+from assets.metadata import table_rows
 from assets.quantized_checkpoint import quantized_checkpoint
 from assets.served_endpoint import served_endpoint
 from assets.serving_image import serving_image
@@ -27,12 +33,15 @@ from controlplane import db
 from controlplane.revisions import RevisionStore
 from controlplane.specs import parse_spec
 from controlplane.store import EndpointStore
+from pipelines import version_tags as tags
 from pipelines.resources import (ClusterResource, ControlPlaneResource, ImagesResource, ModelStoreResource,
                                  QuantizerResource, RegistryResource)
+from tests.deploy_views import decoded_png, metadata_of, record_last_day
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 QUANTIZE_PYTHON = REPO / ".venv-quantize" / "bin" / "python"
+UI = "http://mlflow.example:5000"
 SPEC = ("name: tiny\nmodel: models:/tiny-llm@champion\nscaling: {min_replicas: 1, max_replicas: 1}\n"
         "slo: {p99_latency_ms: 5000}\n"
         "cost_model: {input_tokens: [16, 64], output_tokens: [4, 16], concurrency: [1, 4], max_point_s: 5}\n")
@@ -113,11 +122,30 @@ def deployment(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("deploy-gate")
     deployment = Deployment(root)
+    deployment.mlflow_ui_url = UI
     deployment.checkpoint = build_tiny_llama(root / "tiny")
+    record_last_day(deployment.engine, "tiny", datetime.now(timezone.utc))
     try:
         yield deployment
     finally:
         deployment.close()
+
+
+@pytest.fixture(scope="module")
+def served(deployment):
+    """(version, run) of the first tiny-llm version's deploy."""
+    version = deployment.register(deployment.checkpoint)
+    started = time.monotonic()
+    result = deployment.deploy(version)
+    print(f"deploy of tiny-llm v{version}: {time.monotonic() - started:.0f} s")
+    return version, result
+
+
+@pytest.fixture(scope="module")
+def refused(deployment, served):
+    """(version, run) of a second version, whose quantized scales were damaged, after the first serves."""
+    version = deployment.register(deployment.checkpoint)
+    return version, deployment.deploy(version, worker=REPO / "tests" / "damaging_quantizer.py")
 
 
 def check_of(result):
@@ -131,9 +159,8 @@ def chat(url: str, model: str = "tiny") -> httpx.Response:
         "temperature": 0})
 
 
-def test_a_version_is_served_from_its_int8_checkpoint_only_after_the_gate_passed(deployment):
-    version = deployment.register(deployment.checkpoint)
-    result = deployment.deploy(version)
+def test_a_version_is_served_from_its_int8_checkpoint_only_after_the_gate_passed(deployment, served):
+    version, result = served
 
     assert result.success, [e.message for e in result.all_events if e.is_failure]
     assert check_of(result).passed
@@ -150,7 +177,7 @@ def test_a_version_is_served_from_its_int8_checkpoint_only_after_the_gate_passed
     assert run.data.tags["modelplane.scheme"] == "int8-w8a8-channel"
 
 
-def test_the_served_version_has_a_cost_model_for_this_hardware_that_the_router_reads(deployment):
+def test_the_served_version_has_a_cost_model_for_this_hardware_that_the_router_reads(deployment, served):
     from cluster.hardware import detect_local
     from controlplane.cost_profiles import CostProfileStore
     from serving.router.table import load_table
@@ -177,10 +204,10 @@ def test_the_served_version_has_a_cost_model_for_this_hardware_that_the_router_r
     assert profile.target_concurrency == max(holding) == 4
 
 
-def test_a_damaged_checkpoint_fails_the_gate_and_never_takes_traffic(deployment):
+def test_a_damaged_checkpoint_fails_the_gate_and_never_takes_traffic(deployment, served, refused):
     before = deployment.serving_revision()
-    version = deployment.register(deployment.checkpoint)
-    result = deployment.deploy(version, worker=REPO / "tests" / "damaging_quantizer.py")
+    assert before.partition_key == f"tiny-llm.v{served[0]}"
+    _, result = refused
 
     evaluation = check_of(result)
     assert not evaluation.passed
@@ -191,6 +218,83 @@ def test_a_damaged_checkpoint_fails_the_gate_and_never_takes_traffic(deployment)
     assert deployment.serving_revision().id == before.id
     [replica] = [r for r in deployment.cluster().replicas(before.id) if r.ready]
     assert chat(replica.url).status_code == 200
+
+
+def test_each_step_shows_its_tables_plots_and_links(served):
+    version, result = served
+    meta = metadata_of(result)
+    [gate] = result.get_asset_check_evaluations()
+    gate = {k: v.value for k, v in gate.metadata.items()}
+
+    source = meta["source_model"]
+    [summary] = table_rows(source["summary"])
+    assert (summary["flavor"], summary["kind"]) == ("transformers", "llm")
+    assert source["mlflow_version"] == f"{UI}/#/models/tiny-llm/versions/{version}"
+
+    quantized = meta["quantized_checkpoint"]
+    groups = {row["layer group"]: row for row in table_rows(quantized["weight_error_by_group"])}
+    assert set(groups) == {"attention", "mlp"}
+    assert all(int(row["layers"]) > 0 and float(row["weight error %"]) > 0 for row in groups.values())
+    assert 0 < len(table_rows(quantized["worst_layers"])) <= 10
+    assert table_rows(quantized["sizes"])[0]["quantized layers"] == str(sum(int(r["layers"]) for r in groups.values()))
+    assert quantized["mlflow_run"] == f"{UI}/#/runs/{quantized['mlflow_run_id']}"
+
+    checks = {row["check"]: row for row in table_rows(gate["checks_table"])}
+    assert {"exact_match vs baseline", "NLL vs baseline", "agreement with baseline"} <= set(checks)
+    assert checks["exact_match vs baseline"]["interval of the drop"].startswith("95%: ")
+    assert [row["checkpoint"] for row in table_rows(gate["scores"])] == ["candidate", "baseline"]
+    assert "worst_examples" in gate
+
+    cost = meta["cost_model"]
+    levels = table_rows(cost["coefficients"])
+    assert [row["concurrency"] for row in levels] == ["1", "4"]
+    assert [row["concurrency"] for row in levels if row["target"]] == [str(cost["target_concurrency"])]
+    assert len(table_rows(cost["sweep"])) == 8  # 2 input lengths × 2 output lengths × 2 concurrencies
+    assert decoded_png(cost["latency_plot"]) == decoded_png(cost["fit_plot"]) == (360, 320)
+    assert cost["mlflow_run"] == f"{UI}/#/runs/{cost['mlflow_run_id']}"
+
+    assert meta["serving_image"]["mode"] == "off"  # started in place here; test_serving_image builds images
+
+    served = meta["served_endpoint"]
+    assert served["url"].endswith("/serving-endpoints/tiny/invocations")
+    [endpoint] = table_rows(served["endpoints_table"])
+    assert (endpoint["endpoint"], endpoint["revision"]) == ("tiny", served["revision"])
+    assert decoded_png(served["replicas_vs_demand"]) == (640, 256)
+    assert served["mlflow_version"] == source["mlflow_version"]
+
+
+def test_the_version_page_says_it_serves_where_since_and_at_what_cost(deployment, served):
+    version, result = served
+    mv = deployment.mlflow.get_model_version("tiny-llm", version)
+    page = mv.tags
+    assert page[tags.QUANTIZATION_SCHEME] == "int8-w8a8-channel"
+    assert page[tags.GATE_RESULT] == "passed"
+    assert page[tags.GATE_INTERVAL].startswith("exact_match vs baseline: drop ")
+    assert tags.GATE_REASONS not in page
+    cost = result.asset_materializations_for_node("cost_model")[0].metadata
+    assert int(page[tags.COST_TARGET]) == cost["target_concurrency"].value
+    assert float(page[tags.COST_BETA]) == pytest.approx(cost["beta_ms_per_output_token"].value, rel=1e-2)
+    assert float(page[tags.COST_ALPHA]) >= 0 and float(page[tags.COST_GAMMA]) >= 0
+    assert page[tags.SERVING_STATE] == "serving" and tags.SERVING_REASON not in page
+    assert page[tags.SERVING_ENDPOINT] == "tiny"
+    assert page[tags.SERVING_REVISION] == deployment.serving_revision().id
+    since = datetime.fromisoformat(page[tags.SERVING_SINCE])
+    assert timedelta(0) <= datetime.now(timezone.utc) - since < timedelta(hours=1)
+
+
+def test_a_refused_version_says_why_it_does_not_serve_and_the_serving_one_still_serves(deployment, served, refused):
+    (first, _), (second, result) = served, refused
+    assert not result.success
+
+    refused = deployment.mlflow.get_model_version("tiny-llm", second).tags
+    assert refused[tags.GATE_RESULT] == "refused"
+    assert "eval_gate.max_nll_increase" in refused[tags.GATE_REASONS] or \
+        "eval_gate.min_agreement" in refused[tags.GATE_REASONS]
+    assert refused[tags.SERVING_STATE] == "not serving"
+    assert refused[tags.SERVING_REASON].startswith("the eval gate refused int8-w8a8-channel: ")
+    assert tags.SERVING_ENDPOINT not in refused
+    still = deployment.mlflow.get_model_version("tiny-llm", first).tags
+    assert (still[tags.SERVING_STATE], still[tags.SERVING_ENDPOINT]) == ("serving", "tiny")
 
 
 def test_a_first_version_whose_candidate_is_refused_serves_its_unquantized_baseline(deployment, monkeypatch):
