@@ -64,6 +64,17 @@ def test_every_fault_of_the_table_is_a_case_in_its_order():
     assert [case.values[0] for case in CASES] == list(FAULTS)
 
 
+def test_the_platform_runs_on_postgresql_and_both_routers_route_to_each_replica(bed):
+    """The bed is `modelplane up --routers 2` on PostgreSQL with iris deployed by a Dagster run."""
+    platform = bed.platform
+    assert not (platform.home / "controlplane.db").exists()  # nothing went to SQLite
+    assert "router-2 is up" in platform.log()
+    platform.env["COLUMNS"] = "250"  # rich wraps its table at the terminal's width
+    shown = platform.cli("router", "replicas", "--endpoint", "iris")
+    routers = {line.split()[1] for line in shown.stdout.splitlines() if "iris-" in line}
+    assert shown.returncode == 0 and len(routers) == 2, shown.stdout
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_the_fault_meets_its_required_result(bed, name):
     result = FAULTS[name](bed)

@@ -336,26 +336,3 @@ def test_sigterm_while_starting_stops_what_had_started(tmp_path):
     assert starting.process.wait(timeout=90) != 0  # interrupted, not a clean run
     _, alive = psutil.wait_procs(descendants, timeout=10)
     assert alive == []
-
-
-def test_up_on_postgresql_deploys_and_serves(postgres_url, tmp_path):
-    """The control plane on PostgreSQL: the supervisor, two routers on one port, the sensors and a deploy run."""
-    running = RunningPlatform(tmp_path / "home", postgres_url, "--routers", "2")
-    try:
-        wait_for(lambda: "modelplane is up" in running.log() or running.process.poll() is not None, 300, "`up`")
-        assert running.process.poll() is None, running.log()
-        assert not (running.home / "controlplane.db").exists()  # nothing went to SQLite
-        assert running.cli("endpoints", "create", "-f", "examples/endpoints/iris.yaml").returncode == 0
-        register(running, REGISTER_IRIS)
-        assert finished_run(running, "iris.v1", 300)["status"] == "SUCCESS"
-        answer = httpx.post(f"{running.url('router')}/serving-endpoints/iris/invocations", json=IRIS_REQUEST,
-                            headers={"Authorization": f"Bearer {token(running, 'iris')}"}, timeout=30)
-        assert answer.status_code == 200, answer.text
-        assert "router-2 is up" in running.log()
-        running.env["COLUMNS"] = "250"  # rich wraps its table at the terminal's width
-        shown = running.cli("router", "replicas", "--endpoint", "iris")
-        assert shown.returncode == 0 and len({line.split()[1] for line in shown.stdout.splitlines()
-                                              if "iris-" in line}) == 2, shown.stdout  # both routers see it
-    finally:
-        running.process.send_signal(signal.SIGTERM)
-        running.process.wait(timeout=90)
