@@ -23,6 +23,7 @@ from pipelines.jobs import cost_model_job, deploy_job
 from pipelines.resources import (ClusterResource, ControlPlaneResource, ImagesResource, ModelStoreResource,
                                  QuantizerResource, RegistryResource)
 from pipelines.sensors import registry_sensor, revision_reaper_sensor
+from pipelines.serving_tags_sensor import serving_tags_sensor
 
 
 def database_url(settings: Settings, environ=os.environ):
@@ -57,6 +58,6 @@ defs = Definitions(
     assets=[source_model, quantized_checkpoint, cost_model, serving_image, served_endpoint],
     asset_checks=[eval_gate, endpoint_health],
     jobs=[deploy_job, cost_model_job, rollback_job],
-    sensors=[registry_sensor, revision_reaper_sensor, cost_model_sensor, endpoint_health_sensor],
+    sensors=[registry_sensor, revision_reaper_sensor, cost_model_sensor, endpoint_health_sensor, serving_tags_sensor],
     resources=build_resources(Settings.from_env()),
 )

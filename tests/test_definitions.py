@@ -37,7 +37,8 @@ def test_the_measuring_steps_share_one_pool_and_the_instance_limits_it_to_one():
 
 
 @pytest.mark.parametrize("name, job", [("registry_sensor", "deploy"), ("revision_reaper_sensor", None),
-                                       ("cost_model_sensor", "remeasure_cost"), ("endpoint_health_sensor", "rollback")])
+                                       ("cost_model_sensor", "remeasure_cost"), ("endpoint_health_sensor", "rollback"),
+                                       ("serving_tags_sensor", None)])
 def test_every_sensor_runs_by_default(name, job):
     sensor = defs.resolve_sensor_def(name)
     assert sensor.default_status.value == "RUNNING"
