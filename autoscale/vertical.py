@@ -125,6 +125,23 @@ def target_bounds(sweep_concurrencies: Sequence[int], target: float) -> tuple[fl
     return low, max(max(levels), float(target))
 
 
+def held_target(target_concurrency: float, pinned: bool, sweep: tuple[int, ...], recorded: float | None) -> float:
+    """The per-replica target the autoscaler holds: the spec's when pinned, else the newest
+    vertical decision (or the benchmarked start) kept within the swept bounds, as the
+    controller does when it loads a window (``modelplane status`` and the metrics show this).
+
+    >>> held_target(8.0, False, (1, 2, 4, 8, 16), recorded=24.0)  # above the sweep: held at 16
+    16.0
+    >>> held_target(8.0, True, (1, 2, 4, 8, 16), recorded=3.0), held_target(6.0, False, (), None)
+    (8.0, 6.0)
+    """
+    if pinned:
+        return target_concurrency
+    low, high = target_bounds(sweep, target_concurrency)
+    start = recorded if recorded is not None else target_concurrency
+    return min(max(start, low), high)
+
+
 def _stress(signals: VerticalSignals, config: VerticalConfig, target: float) -> list[tuple[float, str]]:
     """(cut factor, description) for every sign of stress."""
     found = []

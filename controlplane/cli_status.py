@@ -108,6 +108,7 @@ def http_fetch(client: httpx.Client) -> Callable[[str], str]:
 def read_platform(engine: Engine, cluster, traffic: dict[str, Traffic] | None,
                   only: str | None = None) -> tuple[list[EndpointStatus], list[RevisionStatus]]:
     """The plain data of both views from the stores and the cluster backend (``traffic`` None: no router answered)."""
+    from autoscale.vertical import held_target
     from controlplane.revisions import RevisionStore
     from controlplane.scaling import ScalingStore
     from controlplane.splits import SplitStore
@@ -146,8 +147,13 @@ def read_platform(engine: Engine, cluster, traffic: dict[str, Traffic] | None,
         latest = scaling.latest(spec.name, "vertical", serving.id)
         decision = Decision(latest.target, latest.rule, latest.reason) if latest and latest.target is not None else None
         cost_model = serving.details.get("target_concurrency")
-        target, source = target_of(spec.scaling.target_concurrency,
-                                   float(cost_model) if isinstance(cost_model, (int, float)) else None, decision)
+        cost_target = float(cost_model) if isinstance(cost_model, (int, float)) else None
+        target, source = target_of(spec.scaling.target_concurrency, cost_target, decision)
+        held = held_target(target if spec.scaling.target_concurrency else (cost_target or 1.0),
+                           spec.scaling.target_concurrency is not None, tuple(spec.cost_model.concurrency),
+                           decision.target if decision else None)
+        if held != target:  # a decision outside the sweep of the cost model now: the controller holds it inside
+            target, source = held, f"{source} (held within the swept concurrency)"
         endpoints.append(EndpointStatus(
             spec.name, spec.slo.p99_latency_ms, serving.id, version_of(serving.partition_key), shares.get("canary"),
             shares.get("shadow"), ready.get(serving.id, 0), desired(serving),

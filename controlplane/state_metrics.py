@@ -146,31 +146,13 @@ def _decision_families(decisions: Iterable[DecisionState]) -> list[Metric]:
     return [replicas, target, at]
 
 
-def target_in_effect(target_concurrency: float, pinned: bool, sweep: tuple[int, ...], recorded: float | None) -> float:
-    """The per-replica target the autoscaler holds: the spec's when pinned, else the newest
-    vertical decision (or the benchmarked start) kept within the swept bounds, as the
-    controller does when it loads a window.
-
-    >>> target_in_effect(8.0, False, (1, 2, 4, 8, 16), recorded=24.0)  # above the sweep: held at 16
-    16.0
-    >>> target_in_effect(8.0, True, (1, 2, 4, 8, 16), recorded=3.0), target_in_effect(6.0, False, (), None)
-    (8.0, 6.0)
-    """
-    from autoscale.vertical import target_bounds
-
-    if pinned:
-        return target_concurrency
-    low, high = target_bounds(sweep, target_concurrency)
-    start = recorded if recorded is not None else target_concurrency
-    return min(max(start, low), high)
-
-
 def read_snapshot(engine: Engine, replicas: Iterable[Replica], hardware_profile: str) -> Snapshot:
     """The rows :func:`families` needs, read now; ``replicas`` from the cluster backend."""
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
     from autoscale.controller.sources import read_plans
+    from autoscale.vertical import held_target
     from cluster.local.backend import ACTIVE_STATES
     from controlplane.scaling import AXES, ScalingStore
     from controlplane.schema import RevisionRow
@@ -180,7 +162,7 @@ def read_snapshot(engine: Engine, replicas: Iterable[Replica], hardware_profile:
                           for row in session.scalars(select(RevisionRow)))
     plans = read_plans(engine, hardware_profile)
     endpoints = tuple(EndpointState(p.endpoint, p.revision_id, p.slo_p99_ms, p.min_replicas, p.max_replicas,
-                                    target_in_effect(p.target_concurrency, p.target_pinned, p.sweep_concurrency,
+                                    held_target(p.target_concurrency, p.target_pinned, p.sweep_concurrency,
                                                      p.recorded_target)) for p in plans)
     store, decisions = ScalingStore(engine), []
     for plan in plans:

@@ -250,6 +250,16 @@ def test_status_json_and_one_endpoint(platform):
         [(platform["serving"], "serving", 90.0), (platform["canary"], "canary", 10.0)]
 
 
+def test_a_decision_outside_the_sweep_shows_the_target_the_autoscaler_holds_within_it(platform):
+    """After a re-measure narrowed the sweep, the newest decision can lie outside it: the
+    controller clamps it when it loads the window, and status and the metrics say so."""
+    ScalingStore(platform["engine"]).record("gec", platform["serving"], "vertical", rule="slo-headroom",
+                                            reason="p99 40 ms < 0.8 × 300 ms SLO", inputs={}, target=64.0)
+    gec, = json.loads(status("--endpoint", "gec", "--json").output)["endpoints"]
+    assert gec["target"] == 16.0  # the spec's default sweep ends at 16
+    assert gec["target_source"].endswith("(held within the swept concurrency)")
+
+
 def test_status_of_an_unknown_endpoint_is_a_usage_error(platform):
     result = status("--endpoint", "nope")
     assert result.exit_code == 2
