@@ -25,7 +25,7 @@ from serving.runtime.process import free_port  # noqa: F401 - the tests import i
 settings.register_profile("modelplane", deadline=None)
 settings.load_profile("modelplane")
 
-POSTGRES_ADMIN_URL = os.environ.get("MODELPLANE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+from benchmarks.reliability.bed import POSTGRES_ADMIN_URL  # noqa: E402 - one definition, the fault bed's
 
 
 @pytest.fixture

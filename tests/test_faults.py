@@ -27,8 +27,9 @@ RESULTS: list[FaultResult] = []
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory, request):
-    from tests.conftest import POSTGRES_ADMIN_URL
     from sqlalchemy import create_engine
+
+    from benchmarks.reliability.bed import POSTGRES_ADMIN_URL
 
     try:
         create_engine(POSTGRES_ADMIN_URL).connect().close()
