@@ -35,7 +35,7 @@ about 12 minutes; ``--quick``: 500 requests, 1 repeat, under 3 minutes.
 **Two routers** (an extra comparison, not the headline; ``ours.two_routers``). Active-active
 routers share no in-flight counts, so each balances on half the picture. p2c_units at 90 %
 runs through two router processes sharing one client port (each bound by
-``serving.router.app.listening_sockets``: SO_REUSEPORT plus a port of its own) and, with the
+``serving.router.server.listening_sockets``: SO_REUSEPORT plus a port of its own) and, with the
 same requests and arrivals, through one router; the generator's keep-alive connections all
 go to the shared port and the kernel hands each to one router. Per side: p50 / p99, and the
 share of the requests each router took (``modelplane_router_requests_total`` from each
@@ -338,7 +338,7 @@ def notes(settings: Settings) -> list[str]:
         "cost=RouteCost(α, β, γ, 4), policy=RoutePolicy(balancer=name))",
         "the router parses every prompt (token-id lists of up to 14k ids, about 0.3 ms of its CPU per 1,000 ids) "
         "on the same 2 cores as everything else; latency includes that",
-        "routers are started as serving.router.app.main starts them: listening_sockets (SO_REUSEPORT client port "
+        "routers are started as serving.router.server.main starts them: listening_sockets (SO_REUSEPORT client port "
         "plus an own port), uvicorn on uvloop and httptools, settle_collector() (gc.freeze) before serving",
         f"two_routers: p2c_units at {TWO_ROUTERS_LOAD:.0%} through 2 router processes sharing one client port "
         "against the same requests and arrivals through 1 (fresh replicas, tokens drawn with seed 1000 + repeat, "

@@ -9,7 +9,7 @@
 - ``llm-replicas``: several OpenAI-style ``/v1/completions`` servers in one process whose
   service time follows each request's token counts (:class:`TokenPacedReplica`).
 - ``router``: the real router, ``serving.router.app.create_app`` with a static one-endpoint
-  table and a real bearer token, started as ``serving.router.app.main`` starts it
+  table and a real bearer token, started as ``serving.router.server.main`` starts it
   (``listening_sockets``, uvicorn with ``loop="uvloop"``, ``http="httptools"``,
   ``log_level="warning"``, ``settle_collector()`` before serving). Several may share one
   client port.
@@ -232,7 +232,7 @@ def balancer_support() -> dict:
 
 
 def _serve_router(spec: dict) -> None:
-    """The real router with a static one-endpoint table, started as ``serving.router.app.main``
+    """The real router with a static one-endpoint table, started as ``serving.router.server.main``
     starts it: bound by ``listening_sockets`` (the client port ``spec["port"]`` with
     SO_REUSEPORT, so several routers may share it, plus a port of its own, written to
     ``spec["own_port_file"]`` when given), uvicorn on uvloop and httptools, and
@@ -241,7 +241,8 @@ def _serve_router(spec: dict) -> None:
     import uvicorn
 
     from controlplane.tokens import Grant, token_sha256
-    from serving.router.app import create_app, listening_sockets, settle_collector
+    from serving.router.app import create_app
+    from serving.router.server import listening_sockets, settle_collector
     from serving.router.config import RouterConfig
     from serving.router.cost import RouteCost
     from serving.router.table import EndpointRoute, RoutingTable

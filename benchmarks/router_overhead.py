@@ -8,7 +8,7 @@ Three processes (``benchmarks.router_bench_replica``):
   fixed 20-byte JSON at once, HTTP/1.1 keep-alive;
 - the **real router**: ``create_app`` with a static one-endpoint table (runtime ``pyfunc``,
   one replica) and a real bearer token, run by uvicorn with ``loop="uvloop"``,
-  ``http="httptools"`` as ``serving.router.app.main`` runs it, **pinned to one core**;
+  ``http="httptools"`` as ``serving.router.server.main`` runs it, **pinned to one core**;
 - the **open-loop load generator** (raw asyncio protocol on uvloop, pre-built request
   bytes, 256 keep-alive connections opened before the clock starts, Poisson arrivals with a
   fixed seed, so both sides get the same arrival times), on the other core with the replica.
@@ -33,7 +33,7 @@ For context (published figures, not measured here): Envoy as Istio's sidecar add
 Repeats: 3, each with a fresh router process, the order of the two sides alternating;
 figures are min / median / max of the repeats. ``--quick``: 1 repeat, 3 s per level.
 
-The router calls ``serving.router.app.settle_collector()`` (``gc.collect(); gc.freeze()``)
+The router calls ``serving.router.server.settle_collector()`` (``gc.collect(); gc.freeze()``)
 after start-up, as ``main`` does. ``--no-gc-freeze`` is the ablation that skips it: a full
 collection then walks every imported module's objects (about 47 ms here) with every request
 in flight waiting, and from about 2,000 requests/s that pause decides the p99. The JSON says
@@ -344,7 +344,7 @@ def notes(settings: Settings, harness_cpus: tuple) -> list[str]:
         "router: serving.router.app.create_app with RouterConfig() defaults (table refresh every 0.5 s from a static "
         "in-memory table, which is cheaper than the database read a deployed router does), bound by "
         "listening_sockets and run by uvicorn loop=uvloop http=httptools log_level=warning after settle_collector() "
-        "(gc.freeze), as serving.router.app.main runs it; requests are POST /serving-endpoints/iris/invocations with a real "
+        "(gc.freeze), as serving.router.server.main runs it; requests are POST /serving-endpoints/iris/invocations with a real "
         "bearer token (SHA-256 looked up in the table's grants) and a 58-byte pyfunc body",
         "replica: raw asyncio protocol on uvloop answering a fixed 20-byte JSON with Content-Length",
         "latency runs from the moment the generator hands a request to an idle keep-alive connection to its last "
@@ -370,7 +370,7 @@ def run(settings: Settings, log_dir: Path, log=print, gc_freeze: bool = True) ->
     ours["notes"] = notes(settings, placement)
     if not gc_freeze:
         ours["notes"].insert(0, "ABLATION (--no-gc-freeze): the router process skipped settle_collector() "
-                                "(gc.collect(); gc.freeze() after start-up), which serving.router.app.main calls")
+                                "(gc.collect(); gc.freeze() after start-up), which serving.router.server.main calls")
     ours["router_gc_frozen"] = gc_freeze
     return {"ours": ours, "anchor": anchor, "ratio": ratio, "meets_goal": meets, "unmet_reason": reason}
 

@@ -208,11 +208,11 @@ def router_services(settings: Settings) -> list[Service]:
     """``settings.routers`` router processes on the one router port (SO_REUSEPORT): the first
     is checked through the port, each other by its log line "router listening"."""
     local_url = f"http://{settings.host}:{settings.ports.router_port}"  # MODELPLANE_ROUTER_URL may name a balancer
-    services = [Service(name="router", argv=[sys.executable, "-m", "serving.router.app"],
+    services = [Service(name="router", argv=[sys.executable, "-m", "serving.router.server"],
                         healthy=_http_ok(f"{local_url}/healthz"), url=local_url, port=settings.ports.router_port)]
     for number in range(2, settings.routers + 1):
         name = f"router-{number}"
-        services.append(Service(name=name, argv=[sys.executable, "-m", "serving.router.app"],
+        services.append(Service(name=name, argv=[sys.executable, "-m", "serving.router.server"],
                                 healthy=_log_says(settings.logs_dir / f"{name}.log", "router listening")))
     return services
 

@@ -11,7 +11,8 @@ import uvicorn
 from controlplane.platform import router_services
 from controlplane.settings import Settings
 from controlplane.tokens import Grant, token_sha256
-from serving.router.app import create_app, listening_sockets
+from serving.router.app import create_app
+from serving.router.server import listening_sockets
 from serving.router.config import RouterConfig
 from serving.router.table import EndpointRoute, RoutingTable
 from tests.conftest import wait_for
@@ -31,7 +32,7 @@ def test_up_with_three_routers_starts_three_router_processes(tmp_path):
     services = router_services(settings)
     assert [s.name for s in services] == ["router", "router-2", "router-3"]
     assert [s.port for s in services] == [settings.ports.router_port, None, None]  # one port, checked once
-    assert all(s.argv[-1] == "serving.router.app" for s in services)
+    assert all(s.argv[-1] == "serving.router.server" for s in services)
 
 
 def test_two_routers_share_one_port_and_each_keeps_its_own(tmp_path):

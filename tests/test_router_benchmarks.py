@@ -257,7 +257,7 @@ def test_the_overhead_harness_goes_through_the_real_router_with_a_real_token(tmp
     assert repeat["router_cpu_ms_per_request"] > 0
     assert "load_average_1m" in router  # what else ran meanwhile is recorded with the figure
     assert outcome["anchor"]["generator"]["ceiling_levels"][0]["rate_rps"] == 1000
-    assert outcome["ours"]["router_gc_frozen"] is True  # as serving.router.app.main runs it
+    assert outcome["ours"]["router_gc_frozen"] is True  # as serving.router.server.main runs it
 
 
 @pytest.mark.slow

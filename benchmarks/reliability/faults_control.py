@@ -95,7 +95,7 @@ def _router_metric_ports(bed: FaultBed) -> list[int]:
     """Each router's own port (beside the shared one), where its /metrics is its own."""
     shared = bed.platform.ports["MODELPLANE_ROUTER_PORT"]
     ports = []
-    for process in bed.platform.service_processes("serving.router.app"):
+    for process in bed.platform.service_processes("serving.router.server"):
         with contextlib.suppress(psutil.Error):
             ports += [c.laddr.port for c in process.net_connections(kind="inet")
                       if c.status == psutil.CONN_LISTEN and c.laddr.port != shared]

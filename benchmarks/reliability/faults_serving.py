@@ -100,13 +100,13 @@ def sigkill_one_of_two_routers(bed: FaultBed) -> FaultResult:
     port = bed.platform.ports["MODELPLANE_ROUTER_PORT"]
     with _loop(bed, "sigkill-router", "iris", concurrency=8, pause_s=0.01, retries=3) as loop:
         time.sleep(3)
-        routers = bed.platform.service_processes("serving.router.app")
+        routers = bed.platform.service_processes("serving.router.server")
         victim = max(routers, key=lambda p: _router_port_connections(p, port))
         held = _router_port_connections(victim, port)
         victim.kill()
         fault_at = time.monotonic()
         others = {p.pid for p in routers} - {victim.pid}
-        fresh = lambda: [p for p in bed.platform.service_processes("serving.router.app")  # noqa: E731
+        fresh = lambda: [p for p in bed.platform.service_processes("serving.router.server")  # noqa: E731
                          if p.pid not in others and p.pid != victim.pid]
         detect_s = until(lambda: fresh(), 60)
         recover_s = until(lambda: fresh() and _listening(fresh()[0], port), 90, since=fault_at)
