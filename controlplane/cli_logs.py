@@ -3,14 +3,17 @@ with its replica id, or with ``--run`` the event log of the newest Dagster run o
 
 Which replicas: those of every revision the endpoint routes to (serving, canary, shadow); when
 none does (no deploy has succeeded yet, or the last one failed), those of its newest revision,
-which is where the reason usually is. ``--follow`` keeps printing as lines arrive, picks up
+which is where the reason usually is. A run's log shows INFO and above unless ``--level``
+says otherwise (Dagster's own step events are DEBUG). ``--follow`` keeps printing as lines arrive, picks up
 replicas that start meanwhile, and stops on Ctrl-C (a run's log: also when the run finishes).
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
+from enum import Enum
 
 import typer
 from rich.console import Console
@@ -24,6 +27,13 @@ from controlplane.settings import Settings
 
 errors = Console(stderr=True, soft_wrap=True)
 POLL_S = 0.5
+
+
+class RunLogLevel(str, Enum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -59,6 +69,8 @@ def logs(
     lines: int = typer.Option(50, "--lines", "-n", min=0, help="Lines to print first, from the end of each log."),
     run: bool = typer.Option(False, "--run", help="The newest Dagster run of the endpoint's model instead "
                              "(deploy, rollback, health check)."),
+    level: RunLogLevel = typer.Option(RunLogLevel.info, "--level", help="--run: the least level shown; debug adds "
+                                      "Dagster's own step events (launched, inputs loaded, finished)."),
 ) -> None:
     """The serving replicas' logs (each line prefixed with its replica id), or the newest deploy run's log."""
     from controlplane.schema import EndpointRow
@@ -80,7 +92,7 @@ def logs(
         _fail(str(exc))
     try:
         if run:
-            _run_log(settings, model, follow_lines, lines)
+            _run_log(settings, model, follow_lines, lines, logging.getLevelName(level.value.upper()))
         else:
             _replica_logs(settings, endpoint, revision_ids, note, follow_lines, lines)
     except KeyboardInterrupt:
@@ -113,7 +125,7 @@ def _replica_logs(settings: Settings, endpoint: str, revision_ids: list[str], no
             _emit(f"{replica_id} | {line}")
 
 
-def _run_log(settings: Settings, model: str, follow_lines: bool, lines: int) -> None:
+def _run_log(settings: Settings, model: str, follow_lines: bool, lines: int, min_level: int) -> None:
     from controlplane.run_logs import FINISHED, DagsterRunLogs, NoRuns
 
     try:
@@ -127,14 +139,14 @@ def _run_log(settings: Settings, model: str, follow_lines: bool, lines: int) -> 
             _fail(str(exc))
         errors.print(f"run {run.run_id} of {run.partition} ({run.job_name}, {run.status.lower()}): "
                      f"{settings.dagster_url}/runs/{run.run_id}", highlight=False)
-        printed, newest = source.last_lines(run.run_id, lines)
+        printed, newest = source.last_lines(run.run_id, lines, min_level)
         for line in printed:
             _emit(line)
         status = run.status
         while follow_lines and status not in FINISHED:
             time.sleep(POLL_S)
             status = source.status(run.run_id)  # before the read, so the last lines of a finished run are shown
-            printed, newest = source.after(run.run_id, newest)
+            printed, newest = source.after(run.run_id, newest, min_level)
             for line in printed:
                 _emit(line)
         if follow_lines:

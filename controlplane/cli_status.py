@@ -20,7 +20,8 @@ from pathlib import Path
 
 import httpx
 import typer
-from rich.console import Console
+from rich.console import Console, Group
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 from sqlalchemy import Engine
@@ -35,6 +36,7 @@ from controlplane.status_view import (ENDPOINT_HEADERS, REVISION_HEADERS, ROLE_O
                                       parse_router_metrics, revision_rows, target_of, traffic_by_endpoint, version_of)
 
 console = Console()
+FOLD_MIN_CHARS = 14  # a folding column narrower than this would shred its ids: one block per row instead
 errors = Console(stderr=True, soft_wrap=True)
 
 LIVE_STATES = ("pending", "ready", "serving", "draining")
@@ -164,20 +166,37 @@ def read_platform(engine: Engine, cluster, traffic: dict[str, Traffic] | None,
     return endpoints, sorted(revisions, key=lambda r: (r.endpoint, ROLE_ORDER.get(r.role, 3), r.revision_id))
 
 
-def render(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]], caption: str | None = None) -> Table:
-    """A rich table of the rows; a p99 over its SLO in red, under in green (the words say it without colour)."""
+def _cell(header: str, cell: str) -> Text:
+    """A p99 over its SLO in red, under in green (the words say it without colour)."""
+    return Text(cell, style=("red" if "(over)" in cell else "green") if header == "p99 ms" and cell != "-" else "")
+
+
+def render(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]], caption: str | None = None,
+           width: int | None = None) -> Table | Group:
+    """A rich table of the rows; where even its narrowest form is wider than ``width`` (the terminal's),
+    one block of ``header  value`` lines per row instead, so that nothing is cut off or folded to shreds."""
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for header in headers:
-        # ids and reasons fold onto more lines in a narrow terminal; nothing is ever cut off
-        table.add_column(header, overflow="fold", no_wrap=header not in ("serving", "split", "revision",
-                                                                          "target source"))
+        # ids and reasons fold onto more lines in a narrow terminal, down to FOLD_MIN_CHARS wide
+        folds = header in ("serving", "split", "revision", "target source")
+        longest = max((len(row[len(table.columns)]) for row in rows), default=0)
+        table.add_column(header, overflow="fold", no_wrap=not folds,
+                         min_width=min(FOLD_MIN_CHARS, max(longest, len(header))) if folds else None)
     for row in rows:
-        cells = []
+        table.add_row(*(_cell(header, cell) for header, cell in zip(headers, row)))
+    if width is None or Measurement.get(console, console.options.update_width(10_000), table).minimum <= width:
+        return table
+    blocks: list = [Text(title, style="italic")]
+    for row in rows:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(no_wrap=True, style="bold")
+        grid.add_column(overflow="fold")
         for header, cell in zip(headers, row):
-            style = ("red" if "(over)" in cell else "green") if header == "p99 ms" and cell != "-" else ""
-            cells.append(Text(cell, style=style))
-        table.add_row(*cells)
-    return table
+            grid.add_row(header, _cell(header, cell))
+        blocks += [grid, Text("")]
+    if caption:
+        blocks.append(Text(caption))
+    return Group(*blocks)
 
 
 class UnknownEndpoint(Exception):
@@ -258,7 +277,7 @@ def status(
         return
     since_start = any(e.traffic is not None and e.traffic.p99_since_start for e in found.endpoints)
     console.print(render("Endpoints", ENDPOINT_HEADERS, endpoint_rows(found.endpoints),
-                         SINCE_START_NOTE if since_start else None))
-    console.print(render("Revisions", REVISION_HEADERS, revision_rows(found.revisions)))
+                         SINCE_START_NOTE if since_start else None, width=console.width))
+    console.print(render("Revisions", REVISION_HEADERS, revision_rows(found.revisions), width=console.width))
     if not found.endpoints:
         console.print("no endpoints yet: `modelplane endpoints create -f SPEC.yaml` stores one")

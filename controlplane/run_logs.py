@@ -86,25 +86,29 @@ class DagsterRunLogs:
         run = self._instance.get_run_by_id(run_id)
         return "UNKNOWN" if run is None else run.status.value
 
-    def last_lines(self, run_id: str, count: int) -> tuple[list[str], int | None]:
-        """The run's last ``count`` log lines, oldest first, and the storage id to follow on from."""
-        if count <= 0:
-            newest = self._instance.get_records_for_run(run_id, ascending=False, limit=1).records
-            return [], newest[0].storage_id if newest else None
-        records = list(reversed(self._instance.get_records_for_run(run_id, ascending=False, limit=count).records))
-        return [self._line(r.event_log_entry) for r in records], records[-1].storage_id if records else None
+    def last_lines(self, run_id: str, count: int, min_level: int = logging.NOTSET) -> tuple[list[str], int | None]:
+        """The run's last ``count`` log lines at ``min_level`` or above, oldest first, and the storage id
+        to follow on from (the run's newest record, shown or not)."""
+        records = self._instance.get_records_for_run(run_id, ascending=True).records  # a run has hundreds
+        shown = [r for r in records if r.event_log_entry.level >= min_level][-count:] if count > 0 else []
+        return [self._line(r.event_log_entry) for r in shown], records[-1].storage_id if records else None
 
-    def after(self, run_id: str, storage_id: int | None) -> tuple[list[str], int | None]:
-        """Lines logged after ``storage_id`` (None: from the start), and the newest storage id."""
+    def after(self, run_id: str, storage_id: int | None,
+              min_level: int = logging.NOTSET) -> tuple[list[str], int | None]:
+        """Lines at ``min_level`` or above logged after ``storage_id`` (None: from the start), and the newest
+        storage id."""
         from dagster._core.storage.event_log.base import EventLogCursor
 
         cursor = None if storage_id is None else EventLogCursor.from_storage_id(storage_id).to_string()
         records = self._instance.get_records_for_run(run_id, cursor=cursor, ascending=True).records
-        return [self._line(r.event_log_entry) for r in records], records[-1].storage_id if records else storage_id
+        return ([self._line(r.event_log_entry) for r in records if r.event_log_entry.level >= min_level],
+                records[-1].storage_id if records else storage_id)
 
     @staticmethod
     def _line(entry) -> str:
         message = entry.message or ""
+        if not message.strip() and entry.dagster_event is not None:  # e.g. RUN_ENQUEUED, which says nothing
+            message = entry.dagster_event.event_type_value.lower().replace("_", " ").replace("pipeline", "run")
         # a step or run failure says only that it failed; the error it failed with is beside it
         data = getattr(entry.dagster_event, "event_specific_data", None)
         error = getattr(data, "error", None)

@@ -236,6 +236,22 @@ def test_status_of_a_running_platform(platform):
                     ["gec", platform["canary"], "v2", "ready", "canary 10%", "1/1"]]
 
 
+def test_in_a_terminal_too_narrow_for_the_table_each_endpoint_is_a_block_of_lines_with_nothing_cut(platform,
+                                                                                                   monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    result = status()
+
+    assert result.exit_code == 0, result.output
+    assert all(len(line.rstrip()) <= 80 for line in result.output.splitlines())
+    lines = [line.rstrip() for line in result.output.splitlines()]
+    blocks = [lines[i:i + len(ENDPOINT_HEADERS)] for i, line in enumerate(lines) if line.startswith("endpoint ")]
+    assert [block[0].split() for block in blocks] == [["endpoint", "gec"], ["endpoint", "iris"]]
+    assert blocks[1][1].split(None, 1) == ["serving", "- (no revision serves it)"]
+    assert blocks[0][8].split(None, 2)[2] == "autoscaler: slo-headroom — p99 120 ms < 0.8 × 300 ms SLO"
+    header, *rows = table_lines(result.output, "Revisions")  # narrow enough to stay a table
+    assert header == list(REVISION_HEADERS) and len(rows) == 2
+
+
 def test_status_json_and_one_endpoint(platform):
     result = status("--endpoint", "gec", "--json")
 
@@ -423,6 +439,11 @@ def test_logs_run_prints_the_newest_runs_event_log_with_its_error(platform, home
     assert any("ERROR" in line and "canary p99 1450 ms over the 300 ms SLO" in line for line in lines)
 
     assert logs("gec", "--run", "--lines", "1").output.count("\n") == 2  # the run line and one event
+    assert not any(" DEBUG " in line for line in lines)  # Dagster's own step events, unless asked for
+    everything = logs("gec", "--run", "--lines", "200", "--level", "debug").output.splitlines()
+    assert any(" DEBUG " in line for line in everything) and len(everything) > len(lines)
+    only_errors = logs("gec", "--run", "--level", "error").output.splitlines()[1:]
+    assert only_errors and all(" ERROR " in line for line in only_errors)
 
 
 # -- progress ------------------------------------------------------------------------------------
