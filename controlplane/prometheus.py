@@ -10,8 +10,10 @@ whatever ``MODELPLANE_HOST`` says (Prometheus has no authentication), and keeps 
 What it scrapes comes from files (``file_sd_configs``) that ``controlplane.prometheus_targets``
 rewrites as routers and replicas come and go; Prometheus notices a changed file by itself.
 Scrapes and rule evaluations run every 5 s, so a recording rule has values within seconds of
-the first requests and the 1-minute rates span 12 scrapes. The recording rules and the
-metrics they read are documented in docs/metrics.md.
+the first requests and the 1-minute rates span 12 scrapes. The recording rules, the alerting
+rules and the metrics they read are documented in docs/metrics.md. Prometheus evaluates the
+alerts and shows them at ``/alerts``; sending them on is Alertmanager's job, which ``up`` does
+not start (point ``alerting:`` of a Prometheus of your own at one).
 """
 
 from __future__ import annotations
@@ -75,6 +77,36 @@ RECORDING_RULES = (
 )
 
 
+@dataclass(frozen=True)
+class AlertRule:
+    alert: str
+    expr: str
+    for_s: int  # how long the expression must hold before the alert fires
+    severity: str  # warning: look today; critical: users are failing now
+    summary: str  # Prometheus template: {{ $labels.endpoint }}, {{ $value }}
+
+
+#: Read from the recording rules above; a second rule group, evaluated after them.
+ALERT_RULES = (
+    AlertRule("ModelplaneP99OverSLO",
+              "endpoint:modelplane_router_request_latency_seconds:p99_1m > on (endpoint) "
+              "modelplane_endpoint_slo_p99_seconds",
+              300, "warning", "{{ $labels.endpoint }}: p99 at the routers {{ $value | humanizeDuration }}, over its "
+              "SLO for 5 minutes"),
+    AlertRule("ModelplaneErrorRatioHigh", "endpoint:modelplane_router_errors:ratio_rate1m > 0.05", 300, "critical",
+              "{{ $labels.endpoint }}: {{ $value | humanizePercentage }} of answers are 5xx (the health sensor "
+              "rolls a new version back above 5 %)"),
+    AlertRule("ModelplaneNoReadyReplica",
+              "(sum by (endpoint) (modelplane_revision_desired_replicas) > 0) unless on (endpoint) "
+              "(endpoint:modelplane_replicas_ready:sum > 0)",
+              120, "critical", "{{ $labels.endpoint }} should have replicas and has none ready: its requests "
+              "wait or fail (`modelplane logs {{ $labels.endpoint }}`)"),
+    AlertRule("ModelplaneReplicaRestarting", "increase(modelplane_replica_restarts_total[15m]) > 2", 0, "warning",
+              "{{ $labels.replica }} of {{ $labels.endpoint }} restarted {{ $value | humanize }} times in 15 "
+              "minutes (crash or hang: `modelplane logs {{ $labels.endpoint }}`)"),
+)
+
+
 def find_prometheus_binary() -> Path | None:
     """Debian's ``/usr/bin/prometheus`` (``apt-get install prometheus``), else one on PATH."""
     for candidate in (Path("/usr/bin/prometheus"), shutil.which("prometheus")):
@@ -97,9 +129,12 @@ def config_document(prometheus_dir: Path) -> dict:
 
 
 def rules_document() -> dict:
-    """``rules.yml``: the recording rules, one group."""
+    """``rules.yml``: the recording rules, then the alerting rules, one group each."""
+    alerts = [{"alert": a.alert, "expr": a.expr, **({"for": f"{a.for_s}s"} if a.for_s else {}),
+               "labels": {"severity": a.severity}, "annotations": {"summary": a.summary}} for a in ALERT_RULES]
     return {"groups": [{"name": "modelplane", "rules": [{"record": r.record, "expr": r.expr}
-                                                        for r in RECORDING_RULES]}]}
+                                                        for r in RECORDING_RULES]},
+                       {"name": "modelplane-alerts", "rules": alerts}]}
 
 
 def write_config(prometheus_dir: Path) -> Path:

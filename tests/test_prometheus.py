@@ -123,7 +123,7 @@ def test_the_generated_configuration_passes_promtool(tmp_path):
     config = write_config(tmp_path / "prometheus")
     checked = subprocess.run([_promtool(), "check", "config", str(config)], capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 8 rules found" in checked.stdout + checked.stderr
+    assert "SUCCESS: 12 rules found" in checked.stdout + checked.stderr  # 8 recording rules, 4 alerts
     assert "WARNING" not in checked.stdout + checked.stderr  # the targets files exist (empty) from the start
 
 
