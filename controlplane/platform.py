@@ -14,207 +14,24 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import psutil
 
 from controlplane import db
 from controlplane.backoff import restart_delay_s
-from controlplane.settings import OFFLINE_ENV, REPO_ROOT, Secrets, Settings
+from controlplane.services import Service, build_services, child_environment, port_in_use
+from controlplane.settings import REPO_ROOT, Settings
 from controlplane.webhooks import EVENTS
 
 WEBHOOK_NAME = "modelplane-registry"
-BIN = Path(sys.executable).parent
 
 
 class PlatformError(Exception):
     """Something a person must fix before the platform can start; the message says what."""
-
-
-@dataclass
-class Service:
-    name: str
-    argv: list[str]
-    healthy: Callable[[], bool]
-    url: str | None = None
-    port: int | None = None
-    process: subprocess.Popen | None = field(default=None, repr=False)
-
-
-def _http_ok(url: str, expect: Callable[[httpx.Response], bool] = lambda r: r.status_code == 200) -> Callable[[], bool]:
-    def check() -> bool:
-        try:
-            return expect(httpx.get(url, timeout=2.0))
-        except httpx.HTTPError:
-            return False
-
-    return check
-
-
-def _log_says(path: Path, marker: str) -> Callable[[], bool]:
-    """Healthy once the service has written ``marker`` to its log (after this start)."""
-    offset = path.stat().st_size if path.exists() else 0
-
-    def check() -> bool:
-        try:
-            with path.open("rb") as f:
-                f.seek(offset)
-                return marker.encode() in f.read()
-        except FileNotFoundError:
-            return False
-
-    return check
-
-
-def _dagster_daemon_healthy(dagster_url: str) -> Callable[[], bool]:
-    query = "{ instance { daemonHealth { allDaemonStatuses { daemonType healthy required } } } }"
-
-    def check() -> bool:
-        try:
-            response = httpx.post(f"{dagster_url}/graphql", json={"query": query}, timeout=5.0)
-            statuses = response.json()["data"]["instance"]["daemonHealth"]["allDaemonStatuses"]
-        except (httpx.HTTPError, KeyError, TypeError, ValueError):
-            return False
-        sensor = [s for s in statuses if s["daemonType"] == "SENSOR"]
-        return bool(sensor) and all(s["healthy"] for s in statuses if s["required"])
-
-    return check
-
-
-def port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def child_environment(settings: Settings, secrets: Secrets) -> dict[str, str]:
-    """What every service inherits: where the state is, and MLflow's webhook settings."""
-    return {
-        **os.environ,
-        **OFFLINE_ENV,
-        "MODELPLANE_HOME": str(settings.home),
-        "MODELPLANE_DATABASE_URL": settings.database_url,
-        "MODELPLANE_MLFLOW_PORT": str(settings.ports.mlflow_port),
-        "MODELPLANE_DAGSTER_PORT": str(settings.ports.dagster_port),
-        "MODELPLANE_ADMIN_PORT": str(settings.ports.admin_port),
-        "MODELPLANE_ROUTER_PORT": str(settings.ports.router_port),
-        "MODELPLANE_REGISTRY_PORT": str(settings.ports.registry_port),
-        "MLFLOW_TRACKING_URI": settings.mlflow_url,
-        "DAGSTER_HOME": str(settings.dagster_home),
-        "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY": secrets.mlflow_webhook_encryption_key,
-        "MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https",
-        "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true",
-        # MLflow's server-side job runner (GenAI jobs) is unused here and costs ~7 processes.
-        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-        # A sensor tick must not hang for minutes on an unreachable MLflow: retry briefly,
-        # then skip the tick (the next one comes 5 s later).
-        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-        "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
-        "PYTHONUNBUFFERED": "1",
-    }
-
-
-def registry_services(settings: Settings) -> list[Service]:
-    """The embedded OCI registry (Debian's docker-registry with a config of ours, on
-    127.0.0.1), unless images are off or ``MODELPLANE_REGISTRY_URL`` names another registry."""
-    if settings.images == "off" or settings.registry_url_override:
-        return []
-    return [Service(name="registry", argv=[sys.executable, "-m", "images.oci.server", "--root", str(settings.registry_dir),
-                                           "--host", settings.host, "--port", str(settings.ports.registry_port)],
-                    healthy=_http_ok(f"{settings.registry_url}/v2/"), url=settings.registry_url,
-                    port=settings.ports.registry_port)]
-
-
-def build_services(settings: Settings) -> list[Service]:
-    host, ports = settings.host, settings.ports
-    return [
-        *registry_services(settings),
-        Service(
-            name="mlflow",
-            argv=[str(BIN / "mlflow"), "server", "--backend-store-uri", settings.mlflow_backend_uri,
-                  "--artifacts-destination", str(settings.mlflow_artifacts_dir),
-                  "--host", host, "--port", str(ports.mlflow_port), "--workers", "1"],
-            healthy=_http_ok(f"{settings.mlflow_url}/health"),
-            url=settings.mlflow_url,
-            port=ports.mlflow_port,
-        ),
-        Service(
-            name="admin-api",
-            argv=[sys.executable, "-m", "controlplane.admin_api"],
-            healthy=_http_ok(f"{settings.admin_url}/healthz"),
-            url=settings.admin_url,
-            port=ports.admin_port,
-        ),
-        *supervisor_services(settings),
-        *router_services(settings),
-        Service(
-            name="autoscaler",
-            argv=[sys.executable, "-m", "autoscale.controller"],
-            healthy=_log_says(settings.logs_dir / "autoscaler.log", "autoscaler running"),
-        ),
-        Service(
-            name="dagster-webserver",
-            argv=[str(BIN / "dagster-webserver"), "-h", host, "-p", str(ports.dagster_port),
-                  "-w", str(REPO_ROOT / "workspace.yaml"), "--log-level", "warning"],
-            healthy=_http_ok(f"{settings.dagster_url}/server_info"),
-            url=settings.dagster_url,
-            port=ports.dagster_port,
-        ),
-        Service(
-            name="dagster-daemon",
-            argv=[str(BIN / "dagster-daemon"), "run", "-w", str(REPO_ROOT / "workspace.yaml"), "--log-level", "warning"],
-            healthy=_dagster_daemon_healthy(settings.dagster_url),
-        ),
-        *prometheus_services(settings),
-    ]
-
-
-def supervisor_services(settings: Settings) -> list[Service]:
-    """The local backend's process supervisor; none when Kubernetes runs the replicas."""
-    if settings.cluster != "local":
-        return []
-    return [Service(name="supervisor", argv=[sys.executable, "-m", "cluster.local.supervisor"],
-                    healthy=_log_says(settings.logs_dir / "supervisor.log", "supervisor running"))]
-
-
-def prometheus_services(settings: Settings) -> list[Service]:
-    """With ``up --prometheus``: the targets writer (which also serves the control plane's
-    metrics), then Debian's Prometheus on 127.0.0.1 (docs/metrics.md)."""
-    if not settings.prometheus:
-        return []
-    return [
-        Service(name="prometheus-targets", argv=[sys.executable, "-m", "controlplane.prometheus_targets"],
-                healthy=_log_says(settings.logs_dir / "prometheus-targets.log", "prometheus targets running")),
-        Service(name="prometheus", argv=[sys.executable, "-m", "controlplane.prometheus",
-                                         "--port", str(settings.ports.prometheus_port)],
-                healthy=_http_ok(f"{settings.prometheus_url}/-/ready"), url=settings.prometheus_url,
-                port=settings.ports.prometheus_port),
-    ]
-
-
-def router_services(settings: Settings) -> list[Service]:
-    """``settings.routers`` router processes on the one router port (SO_REUSEPORT): the first
-    is checked through the port, each other by its log line "router listening"."""
-    local_url = f"http://{settings.host}:{settings.ports.router_port}"  # MODELPLANE_ROUTER_URL may name a balancer
-    services = [Service(name="router", argv=[sys.executable, "-m", "serving.router.server"],
-                        healthy=_http_ok(f"{local_url}/healthz"), url=local_url, port=settings.ports.router_port)]
-    for number in range(2, settings.routers + 1):
-        name = f"router-{number}"
-        services.append(Service(name=name, argv=[sys.executable, "-m", "serving.router.server"],
-                                healthy=_log_says(settings.logs_dir / f"{name}.log", "router listening")))
-    return services
 
 
 class Platform:

@@ -348,7 +348,7 @@ def _program(argv: list[str]) -> tuple[str, ...]:
 
 
 def test_components_run_the_commands_modelplane_up_runs(tmp_path, monkeypatch):
-    from controlplane.platform import build_services
+    from controlplane.services import build_services
     from controlplane.settings import Settings
 
     monkeypatch.setenv("MODELPLANE_HOME", str(tmp_path))

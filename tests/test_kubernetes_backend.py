@@ -320,7 +320,7 @@ def test_against_a_real_cluster():
 
 
 def test_settings_select_the_kubernetes_backend_its_namespace_and_kubeconfig(kube, tmp_path):
-    from controlplane.platform import build_services
+    from controlplane.services import build_services
     from controlplane.settings import Settings
     from cluster.factory import from_settings
 

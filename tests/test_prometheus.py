@@ -145,7 +145,8 @@ def test_a_targets_file_is_replaced_whole_and_only_when_it_changed(tmp_path):
 
 
 def test_prometheus_is_a_service_of_up_only_with_the_flag_and_listens_on_loopback(tmp_path):
-    from controlplane.platform import Platform, build_services
+    from controlplane.platform import Platform
+    from controlplane.services import build_services
 
     settings = Settings.from_env({"MODELPLANE_HOME": str(tmp_path), "MODELPLANE_PROMETHEUS_PORT": "9191",
                                   "MODELPLANE_HOST": "0.0.0.0"})

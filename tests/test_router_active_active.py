@@ -8,7 +8,7 @@ from collections import Counter
 import httpx
 import uvicorn
 
-from controlplane.platform import router_services
+from controlplane.services import router_services
 from controlplane.settings import Settings
 from controlplane.tokens import Grant, token_sha256
 from serving.router.app import create_app
