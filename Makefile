@@ -33,6 +33,7 @@ sysdeps:
 	bash scripts/system-packages.sh
 
 $(VENV)/.installed: requirements/main.lock pyproject.toml
+	@echo "creating $(VENV): $$(grep -c '==' requirements/main.lock) pinned packages, 4.4 GB (about 2 minutes on 2 cores)"
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip==25.3
 	$(VENV)/bin/pip install -q --no-deps $(PIP_INDEX_ARGS) -r requirements/main.lock
@@ -42,6 +43,7 @@ $(VENV)/.installed: requirements/main.lock pyproject.toml
 	touch $@
 
 $(QVENV)/.installed: requirements/quantize.lock
+	@echo "creating $(QVENV): $$(grep -c '==' requirements/quantize.lock) pinned packages, 1.5 GB (about 2 minutes on 2 cores)"
 	test -x $(QVENV)/bin/python || $(PYTHON) -m venv $(QVENV)
 	$(QVENV)/bin/python -m pip install -q --upgrade pip==25.3
 	$(QVENV)/bin/pip install -q --no-deps $(PIP_INDEX_ARGS) -r requirements/quantize.lock
