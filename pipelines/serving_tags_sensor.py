@@ -1,12 +1,12 @@
 """Keeps each version's ``modelplane.serving.*`` MLflow tags true when traffic moves outside a deploy run.
 
 A deploy run writes the serving tags of the version it routes and of the one it replaces
-(:mod:`assets.served_endpoint`). Traffic also moves without one: ``modelplane endpoints
-rollback``, the health sensor's ``rollback`` job, an endpoint deleted. Every
+(:mod:`assets.served_endpoint`). Traffic also moves without one: the health sensor's
+``rollback`` job, an endpoint deleted (``modelplane endpoints delete``). Every
 ``SYNC_INTERVAL_S`` this sensor compares each endpoint's traffic row with what it last wrote
 for it (its cursor) and rewrites, from the revision store, the tags of every version that
-gained or lost an endpoint. A write that fails (MLflow down) leaves that endpoint out of the
-cursor, so the next tick tries again; a version deleted from the registry is skipped.
+gained or lost an endpoint. A write that fails (MLflow down) keeps that endpoint's old state
+in the cursor, so the next tick sees the move again; a version deleted from the registry is skipped.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def test_a_rollback_outside_a_run_moves_the_serving_tags_to_the_version_it_resto
     _, cursor = tick(database_url, uri, None)
     assert serving(client, "2")[tags.SERVING_STATE] == "serving" and serving(client, "1") == {}
 
-    revisions.route("gec", v1.id)  # what `modelplane endpoints rollback gec` does
+    revisions.route("gec", v1.id)  # what the health sensor's rollback run does
     result, cursor = tick(database_url, uri, cursor)
     assert "gec.v1" in result.skip_message and "gec.v2" in result.skip_message
     restored, replaced = serving(client, "1"), serving(client, "2")
