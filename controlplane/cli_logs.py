@@ -92,7 +92,7 @@ def logs(
         _fail(str(exc))
     try:
         if run:
-            _run_log(settings, model, follow_lines, lines, logging.getLevelName(level.value.upper()))
+            _run_log(settings, model, follow_lines, lines, logging.getLevelNamesMapping()[level.value.upper()])
         else:
             _replica_logs(settings, endpoint, revision_ids, note, follow_lines, lines)
     except KeyboardInterrupt:

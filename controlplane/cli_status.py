@@ -150,9 +150,9 @@ def read_platform(engine: Engine, cluster, traffic: dict[str, Traffic] | None,
         decision = Decision(latest.target, latest.rule, latest.reason) if latest and latest.target is not None else None
         cost_model = serving.details.get("target_concurrency")
         cost_target = float(cost_model) if isinstance(cost_model, (int, float)) else None
-        target, source = target_of(spec.scaling.target_concurrency, cost_target, decision)
-        held = held_target(target if spec.scaling.target_concurrency else (cost_target or 1.0),
-                           spec.scaling.target_concurrency is not None, tuple(spec.cost_model.concurrency),
+        pinned = spec.scaling.target_concurrency
+        target, source = target_of(pinned, cost_target, decision)
+        held = held_target(pinned or cost_target or 1.0, pinned is not None, tuple(spec.cost_model.concurrency),
                            decision.target if decision else None)
         if held != target:  # a decision outside the sweep of the cost model now: the controller holds it inside
             target, source = held, f"{source} (held within the swept concurrency)"
@@ -176,10 +176,10 @@ def render(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]], ca
     """A rich table of the rows; where even its narrowest form is wider than ``width`` (the terminal's),
     one block of ``header  value`` lines per row instead, so that nothing is cut off or folded to shreds."""
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    for header in headers:
+    for index, header in enumerate(headers):
         # ids and reasons fold onto more lines in a narrow terminal, down to FOLD_MIN_CHARS wide
         folds = header in ("serving", "split", "revision", "target source")
-        longest = max((len(row[len(table.columns)]) for row in rows), default=0)
+        longest = max((len(row[index]) for row in rows), default=0)
         table.add_column(header, overflow="fold", no_wrap=not folds,
                          min_width=min(FOLD_MIN_CHARS, max(longest, len(header))) if folds else None)
     for row in rows:

@@ -37,17 +37,16 @@ class Rewrite:
     reason_if_none: str
 
 
-def rewrites(last: Routed | None, now: Routed, routed_at: Mapping[str, str]) -> list[Rewrite]:
-    """The versions whose serving tags changed between ``last`` (None: never synced) and ``now``.
+def rewrites(last: Routed, now: Routed, routed_at: Mapping[str, str]) -> list[Rewrite]:
+    """The versions whose serving tags changed between ``last`` (empty: never synced) and ``now``.
 
     >>> [r.partition_key for r in rewrites({"gec": ("gec-v2-a", "gec.v2")}, {"gec": ("gec-v1-b", "gec.v1")}, {})]
     ['gec.v1', 'gec.v2']
     """
-    last = {} if last is None else last
     out: dict[str, Rewrite] = {}
     for endpoint in sorted(set(last) | set(now)):
         before, after = last.get(endpoint), now.get(endpoint)
-        if before == after and last:
+        if before == after:
             continue
         if after is not None:
             out.setdefault(after[1], Rewrite(after[1], endpoint, f"its traffic on {endpoint} moved"))
@@ -58,13 +57,12 @@ def rewrites(last: Routed | None, now: Routed, routed_at: Mapping[str, str]) -> 
     return sorted(out.values(), key=lambda r: r.partition_key)
 
 
-def parse_cursor(cursor: str | None) -> dict[str, tuple[str, str]] | None:
-    if not cursor:
-        return None
+def parse_cursor(cursor: str | None) -> dict[str, tuple[str, str]]:
+    """What the last tick wrote; empty (sync everything) when there was none or it is of another format."""
     try:
-        return {endpoint: (pair[0], pair[1]) for endpoint, pair in json.loads(cursor).items()}
+        return {endpoint: (pair[0], pair[1]) for endpoint, pair in json.loads(cursor or "{}").items()}
     except (ValueError, TypeError, AttributeError, IndexError, KeyError):
-        return None  # a cursor of another format: sync everything again
+        return {}
 
 
 @sensor(
@@ -97,7 +95,7 @@ def serving_tags_sensor(context: SensorEvaluationContext, control_plane: Control
             failed.append(rewrite.partition_key)
             context.log.warning(f"could not rewrite the serving tags of {rewrite.partition_key}, will retry: {exc}")
             # the cursor keeps what this endpoint had, so the next tick sees the move again
-            if last is not None and rewrite.endpoint in last:
+            if rewrite.endpoint in last:
                 synced[rewrite.endpoint] = last[rewrite.endpoint]
             else:
                 synced.pop(rewrite.endpoint, None)

@@ -16,7 +16,7 @@ ROUTER = "http://router.example:8080"
 
 
 def test_the_first_sync_rewrites_every_serving_version():
-    assert [(r.partition_key, r.endpoint) for r in rewrites(None, {"gec": ("gec-v2-a", "gec.v2"),
+    assert [(r.partition_key, r.endpoint) for r in rewrites({}, {"gec": ("gec-v2-a", "gec.v2"),
                                                                     "iris": ("iris-v1-b", "iris.v1")}, {})] == [
         ("gec.v2", "gec"), ("iris.v1", "iris")]
 
