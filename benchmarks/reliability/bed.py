@@ -5,8 +5,8 @@ unreachable), serving three endpoints:
 - ``iris``: the scikit-learn demo model on the pyfunc runtime, three replicas, every request
   in the inference log; deployed as a user deploys it (the spec through the CLI, the model
   registered over MLflow's REST API, MLflow's webhook, the Dagster deploy run);
-- ``smol``: SmolLM2-135M-Instruct on vLLM, one replica, at most 4 requests running and 4
-  queued per router;
+- ``smol``: SmolLM2-135M-Instruct on vLLM, one replica, at most ``SMOL_RUNNING`` requests
+  running and ``SMOL_QUEUED`` queued per router;
 - ``slow``: a pyfunc model with a known service time (100 ms a row, one at a time), 1-3
   replicas at a target concurrency of 2: what the autoscaler fault scales.
 
@@ -47,10 +47,12 @@ cost_model: {concurrency: [1, 4], max_point_s: 3}
 scaling: {min_replicas: 3, max_replicas: 3}
 inference_log: {sample_rate: 1.0}
 """
-SMOL_SPEC = """name: smol
+ROUTERS = 2  # ``modelplane up --routers``: both listen on one port, the kernel splits connections
+SMOL_RUNNING, SMOL_QUEUED = 4, 4  # what each router admits to ``smol`` at once
+SMOL_SPEC = f"""name: smol
 model: models:/smol@champion
-scaling: {min_replicas: 1, max_replicas: 1}
-routing: {max_concurrent_requests: 4, max_queued_requests: 4, max_queue_wait_s: 10}
+scaling: {{min_replicas: 1, max_replicas: 1}}
+routing: {{max_concurrent_requests: {SMOL_RUNNING}, max_queued_requests: {SMOL_QUEUED}, max_queue_wait_s: 10}}
 """
 SLOW_SPEC = """name: slow
 model: models:/slow@champion
@@ -90,7 +92,7 @@ class FaultBed:
     # -- set-up ------------------------------------------------------------------------------
     def start(self) -> "FaultBed":
         started = time.monotonic()
-        self.platform = RunningPlatform(self.root / "home", self.gated_url, "--routers", "2").wait_up()
+        self.platform = RunningPlatform(self.root / "home", self.gated_url, "--routers", str(ROUTERS)).wait_up()
         self.log(f"platform up in {time.monotonic() - started:.0f} s")
         self.admin_token = self._admin_token()
         self._deploy_iris()

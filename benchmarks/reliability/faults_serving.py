@@ -13,7 +13,7 @@ import time
 import httpx
 import psutil
 
-from benchmarks.reliability.bed import FaultBed, ReplicaState
+from benchmarks.reliability.bed import ROUTERS, SMOL_QUEUED, SMOL_RUNNING, FaultBed, ReplicaState
 from benchmarks.reliability.load import RequestLoop, Target, until
 from benchmarks.reliability.outcomes import FaultResult, Tally
 from benchmarks.reliability.platform import REGISTER_IRIS
@@ -184,14 +184,33 @@ def long_generation(bed: FaultBed, target_s: float = 150.0, hang_after_s: float 
         notes="; ".join(runs) + f"; status {status}")
 
 
-def saturation(bed: FaultBed, duration_s: float = 300.0, clients: int = 16) -> FaultResult:
-    """``clients`` closed-loop clients on an endpoint that runs 4 and queues 4 per router."""
+def saturating_clients(routers: int, admitted_per_router: int) -> int:
+    """Closed-loop clients enough that some router is offered twice what it admits, however the
+    kernel splits their keep-alive connections among routers that share one port.
+
+    With ``routers × admitted`` clients an even split fills each router exactly and refuses
+    nothing (a CI run did just that); with twice as many, one router holds at least twice its
+    share (pigeonhole).
+
+    >>> saturating_clients(2, 8)
+    32
+    """
+    return 2 * routers * admitted_per_router
+
+
+def saturation(bed: FaultBed, duration_s: float = 300.0) -> FaultResult:
+    """Clients enough to offer every router twice what it admits to ``smol`` (4 running, 4 queued)."""
     [before] = bed.replicas("smol")
+    clients = saturating_clients(ROUTERS, SMOL_RUNNING + SMOL_QUEUED)
+    port = bed.platform.ports["MODELPLANE_ROUTER_PORT"]
     target = bed.targets["smol"]
     saturating = Target(target.name, target.url, {**target.body, "max_tokens": 32, "ignore_eos": True}, target.headers)
     with RequestLoop(saturating, bed.work / "saturation.jsonl", concurrency=clients, pause_s=0.2,
                      deadline_s=120) as loop:
-        time.sleep(duration_s)
+        time.sleep(min(10.0, duration_s))
+        routers = bed.platform.service_processes("serving.router.server")
+        split = sorted((_router_port_connections(router, port) for router in routers), reverse=True)
+        time.sleep(max(0.0, duration_s - 10.0))
     tally = loop.tally()
     [after] = bed.replicas("smol")
     statuses = sorted({r.status for r in loop.records()})
@@ -202,5 +221,6 @@ def saturation(bed: FaultBed, duration_s: float = 300.0, clients: int = 16) -> F
          "offered load exceeded capacity (some refused)": tally.refused > 0,
          "every refusal a 429/503 with Retry-After, no other failure": tally.failed == 0,
          "no timeout": tally.lost == 0},
-        notes=f"{clients} clients, 32 tokens each, 4 running + 4 queued per router; statuses {statuses}; "
+        notes=f"{clients} clients, 32 tokens each, against {SMOL_RUNNING} running + {SMOL_QUEUED} queued per router; "
+              f"connections per router {'/'.join(map(str, split))}; statuses {statuses}; "
               f"slowest answer {tally.max_latency_s:.1f} s")
