@@ -17,7 +17,7 @@ demo: envs sysdeps
 up: envs sysdeps
 	$(VENV)/bin/modelplane up
 
-# The suite (about 48 minutes on 2 cores), then the fault table (tests/test_faults.py: about 21 minutes).
+# The suite (36-48 minutes on 2 cores), then the fault table (tests/test_faults.py: 16-21 minutes).
 test: envs sysdeps
 	bash tests/run.sh -m "not faults" $(PYTEST_ARGS)
 	$(MAKE) test-faults
