@@ -94,3 +94,16 @@ def test_the_request_loop_process_records_every_outcome_and_loses_the_request_th
         server.shutdown()
     outcomes = [json.loads(line)["outcome"] for line in out.read_text().splitlines()]
     assert outcomes[:4] == ["ok", "refused", "failed", "lost"]
+
+
+def test_the_saturation_row_offers_some_router_twice_what_it_admits_however_connections_split():
+    from benchmarks.reliability.bed import ROUTERS, SMOL_SPEC
+    from benchmarks.reliability.faults_serving import saturating_clients
+    from controlplane.specs import parse_spec
+
+    routing = parse_spec(SMOL_SPEC).routing
+    admitted = routing.max_concurrent_requests + routing.max_queued_requests  # per router
+    clients = saturating_clients(ROUTERS, admitted)
+    assert ROUTERS == 2
+    # every way the kernel can hand the clients' keep-alive connections to the two routers
+    assert min(max(first, clients - first) for first in range(clients + 1)) >= 2 * admitted
