@@ -199,7 +199,8 @@ def saturating_clients(routers: int, admitted_per_router: int) -> int:
 
 
 def saturation(bed: FaultBed, duration_s: float = 300.0) -> FaultResult:
-    """Clients enough to offer every router twice what it admits to ``smol`` (4 running, 4 queued)."""
+    """Clients enough that some router is offered twice what it admits to ``smol``
+    (``SMOL_RUNNING`` running + ``SMOL_QUEUED`` queued), for ``duration_s``."""
     [before] = bed.replicas("smol")
     clients = saturating_clients(ROUTERS, SMOL_RUNNING + SMOL_QUEUED)
     port = bed.platform.ports["MODELPLANE_ROUTER_PORT"]
