@@ -9,7 +9,7 @@ VENV := .venv
 QVENV := .venv-quantize
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-faults up envs sysdeps lock clean-state schema
+.PHONY: demo test test-quick test-faults up envs sysdeps lock clean-state schema
 
 demo: envs sysdeps
 	$(VENV)/bin/modelplane demo
@@ -17,15 +17,22 @@ demo: envs sysdeps
 up: envs sysdeps
 	$(VENV)/bin/modelplane up
 
-# The suite (36-48 minutes on 2 cores), then the fault table (tests/test_faults.py: 16-21 minutes).
+# The whole suite with the fault table (tests/test_faults.py), its modules on parallel workers
+# (tests/run.sh, docs/testing.md); the 25 slowest tests and the total come at the end.
 test: envs sysdeps
-	bash tests/run.sh -m "not faults" $(PYTEST_ARGS)
-	$(MAKE) test-faults
+	bash tests/run.sh $(PYTEST_ARGS)
 
+# The inner loop: pure logic, contracts and docs; no engine, no `up`, no fault table.
+test-quick: envs sysdeps
+	bash tests/run.sh -m "not slow" $(PYTEST_ARGS)
+
+# The fault table alone.
 test-faults: envs sysdeps
 	bash tests/run.sh -m faults tests/test_faults.py $(PYTEST_ARGS)
 
-envs: $(VENV)/.installed $(QVENV)/.installed
+# Both environments at once: their installs wait mostly on downloads and the disk.
+envs:
+	@$(MAKE) --no-print-directory -j2 $(VENV)/.installed $(QVENV)/.installed
 
 # Debian packages for serving images (squashfs-tools, docker-registry, fuse3, strace, skopeo,
 # umoci): installed when run as root, otherwise the apt-get command to run is printed.

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 
 from dagster import (AssetCheckEvaluation, AssetCheckResult, AssetCheckSeverity, AssetKey, Config, DefaultSensorStatus,
                      Failure, MetadataValue, OpExecutionContext, RunRequest, SensorEvaluationContext, SensorResult, SkipReason,
-                     asset_check, job, op, sensor)
+                     asset_check, in_process_executor, job, op, sensor)
 from sqlalchemy import Engine
 
 from assets.endpoint_health import HealthInputs, HealthReport, HealthThresholds, assess
@@ -167,7 +167,8 @@ def rollback_endpoint(context: OpExecutionContext, config: RollbackConfig, contr
     return fresh.id
 
 
-@job(name="rollback", description="Roll an endpoint back to the revision its failed one replaced.")
+@job(name="rollback", description="Roll an endpoint back to the revision its failed one replaced.",
+     executor_def=in_process_executor)  # one op: a process of its own would only add a start-up
 def rollback_job():
     rollback_endpoint()
 

@@ -2,6 +2,11 @@
 # Runs the whole suite (`make test` calls this after creating the environments).
 # Needs the PostgreSQL server on 127.0.0.1:5432 (user postgres, trust auth); starts it
 # when it is installed here but stopped.
+#
+# The test modules run on MODELPLANE_TEST_WORKERS parallel workers (pytest-xdist, default 4:
+# most tests wait on servers and processes, so 4 workers keep 2 cores busy); each module's
+# tests stay together, in order, on one worker (`--dist loadscope`), the longest modules first
+# (tests/conftest.py). MODELPLANE_TEST_WORKERS=0 runs everything in this one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,4 +23,9 @@ then
   fi
 fi
 
-exec .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
+workers="${MODELPLANE_TEST_WORKERS:-4}"
+parallel=()
+if [ "$workers" != 0 ]; then
+  parallel=(-n "$workers" --dist loadscope --no-loadscope-reorder)
+fi
+exec .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "${parallel[@]}" "$@"

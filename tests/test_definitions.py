@@ -22,6 +22,12 @@ def test_deploy_job_is_exactly_the_deploy_steps_and_the_gate_partitioned_by_mode
                                                                               ("served_endpoint", "endpoint_health")}
 
 
+@pytest.mark.parametrize("name", ["deploy", "remeasure_cost", "rollback"])
+def test_each_job_runs_its_steps_in_the_runs_own_process(name):
+    """A chain of steps gains nothing from a process per step, and each would cost a start-up."""
+    assert defs.resolve_job_def(name).executor_def.name == "in_process"
+
+
 def test_the_measuring_steps_share_one_pool_and_the_instance_limits_it_to_one():
     from pathlib import Path
 

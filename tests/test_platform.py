@@ -255,10 +255,11 @@ def service_process(platform, module: str) -> psutil.Process | None:
     return platform.service_process(module)
 
 
-def pyfunc_pids() -> set[int]:
-    """The pyfunc replicas' processes (not the warm pool's idle zygotes, which go with their supervisor)."""
+def pyfunc_pids(platform) -> set[int]:
+    """This platform's pyfunc replicas' processes (not the warm pool's idle zygotes, which go with
+    their supervisor; not another test's replicas, which may run beside it)."""
     pids = set()
-    for process in psutil.process_iter():
+    for process in platform_processes(platform):
         try:
             cmdline = " ".join(process.cmdline())
             if "serving.runtime.pyfunc" in cmdline and "serving.runtime.zygote" not in cmdline:
@@ -272,7 +273,7 @@ def test_a_service_that_dies_is_restarted_while_the_endpoints_keep_serving(platf
     """SIGKILL the admin API, the replica supervisor and the autoscaler: `up` restarts them; the router
     never stops answering, the new supervisor adopts the running iris replica instead of restarting
     it, and the new autoscaler takes the lease over (with no history, it scales nothing down)."""
-    replica_pids = pyfunc_pids()
+    replica_pids = pyfunc_pids(platform)
     desired_before = iris_desired_replicas(platform)
     with steady_iris_requests(platform, pause_s=0.05) as statuses:
         for module in ("controlplane.admin_api", "cluster.local.supervisor", "autoscale.controller"):
@@ -284,7 +285,7 @@ def test_a_service_that_dies_is_restarted_while_the_endpoints_keep_serving(platf
         time.sleep(5)  # the new supervisor has looked at its replicas a few times
     assert platform.process.poll() is None and "restarted it" in platform.log()
     assert len(statuses) > 20 and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
-    assert replica_pids and replica_pids <= pyfunc_pids()  # adopted, not restarted
+    assert replica_pids and replica_pids <= pyfunc_pids(platform)  # adopted, not restarted
     autoscaler = service_process(platform, "autoscale.controller")
     wait_for(lambda: autoscaler_lease_holder(platform).endswith(f":{autoscaler.pid}"), 30, "the new autoscaler's lease")
     assert iris_desired_replicas(platform) >= desired_before

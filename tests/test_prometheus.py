@@ -25,7 +25,7 @@ from controlplane.settings import Settings
 from controlplane.state_metrics import Snapshot, StateCollector, families, read_snapshot
 from serving.router.metrics import Metrics
 from serving.runtime.pyfunc.metrics import ServerMetrics
-from tests.conftest import free_port, wait_for
+from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "metrics.md"
@@ -301,11 +301,9 @@ def test_up_with_prometheus_scrapes_the_platform_and_evaluates_the_recording_rul
     _skip_without_prometheus()
     from benchmarks.reliability.platform import RunningPlatform
 
-    port = free_port()
     running = RunningPlatform(tmp_path / "home", None, "--prometheus", env={
-        "MODELPLANE_PROMETHEUS_PORT": str(port), "MODELPLANE_REGISTRY_PORT": str(free_port()),
         "MODELPLANE_IMAGES": "off", "MODELPLANE_WARM_POOL": "0"})
-    prometheus = f"http://127.0.0.1:{port}"
+    prometheus = running.url("prometheus")
     try:
         running.wait_up()
         assert prometheus in running.log()

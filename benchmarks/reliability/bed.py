@@ -95,10 +95,13 @@ class FaultBed:
         self.platform = RunningPlatform(self.root / "home", self.gated_url, "--routers", str(ROUTERS)).wait_up()
         self.log(f"platform up in {time.monotonic() - started:.0f} s")
         self.admin_token = self._admin_token()
+        # smol's and slow's replicas start while iris goes through its deploy run
+        smol = self._start_direct("smol", SMOL_SPEC, self._smol_model_dir(), "vllm", {"context_tokens": 8192})
+        slow = self._start_direct("slow", SLOW_SPEC, self._slow_model_dir(), "pyfunc", {"cold_start_s": 5.0},
+                                  runtime_config={"max_batch_size": 1, "workers": 1})
         self._deploy_iris()
-        self._deploy_direct("smol", SMOL_SPEC, self._smol_model_dir(), "vllm", {"context_tokens": 8192})
-        self._deploy_direct("slow", SLOW_SPEC, self._slow_model_dir(), "pyfunc", {"cold_start_s": 5.0},
-                            runtime_config={"max_batch_size": 1, "workers": 1})
+        self._when_ready("smol", smol, "vllm")
+        self._when_ready("slow", slow, "pyfunc")
         self.log(f"three endpoints serving after {time.monotonic() - started:.0f} s")
         return self
 
@@ -132,20 +135,26 @@ class FaultBed:
         self._target("iris", "/serving-endpoints/iris/invocations", IRIS_REQUEST)
         wait_for(lambda: self.ready("iris") == 3, 120, "three ready iris replicas")
 
-    def _deploy_direct(self, name: str, spec: str, model_dir: Path, runtime: str, details: dict,
-                       runtime_config: dict | None = None) -> None:
+    def _start_direct(self, name: str, spec: str, model_dir: Path, runtime: str, details: dict,
+                      runtime_config: dict | None = None) -> str:
+        """The endpoint and a revision of ``model_dir``, routed at once (no run owns it, and the
+        revision reaper retires what nothing routes to), its replicas started by the platform's
+        supervisor; returns the revision's id (:meth:`_when_ready` waits for them)."""
         from controlplane.specs import parse_spec
 
         self._create_endpoint(name, spec)
         parsed = parse_spec(spec)
-        revisions = RevisionStore(self.engine)
         config = runtime_config or parsed.replica.model_dump()
+        revisions = RevisionStore(self.engine)
         revision = revisions.create(name, f"{name}.v1", str(model_dir), runtime, config,
                                     parsed.scaling.min_replicas, details)
         LocalCluster(self.engine).apply(RevisionSpec(revision.id, name, str(model_dir), runtime,
                                                      parsed.scaling.min_replicas, config))
-        wait_for(lambda: self.ready(name, revision.id) >= 1, 900, f"a ready {name} replica", interval_s=1.0)
         revisions.route(name, revision.id)
+        return revision.id
+
+    def _when_ready(self, name: str, revision_id: str, runtime: str) -> None:
+        wait_for(lambda: self.ready(name, revision_id) >= 1, 900, f"a ready {name} replica", interval_s=1.0)
         if runtime == "vllm":
             body = {"model": name, "prompt": "Fix the grammar: she go to school.", "max_tokens": 8}
             self._target(name, "/v1/completions", body)

@@ -112,41 +112,46 @@ def _log_losses(bed: FaultBed) -> float:
 
 
 def database_unreachable(bed: FaultBed, outage_s: float = 10.0) -> FaultResult:
+    """The database cut for ``outage_s`` under a request loop, with admin calls every 0.5 s. Both
+    times count from the cut: *detect* until the admin API first answered 503 for it, *recover*
+    until it answered 200 again after the database came back."""
     admin, headers = bed.platform.url("admin"), {"Authorization": f"Bearer {bed.admin_token}"}
-    calls: list[tuple[float, int, str, str]] = []  # (seconds, status, Retry-After, body)
+    calls: list[tuple[float, float, int, str, str]] = []  # (sent s after the cut, took s, status, Retry-After, body)
     stop = threading.Event()
 
-    def call_admin() -> None:
+    def call_admin(cut_at: float) -> None:
         with httpx.Client(timeout=30, headers=headers) as client:
             while not stop.is_set():
                 started = time.monotonic()
                 try:
                     answer = (client.get(f"{admin}/endpoints") if len(calls) % 2 else
                               client.put(f"{admin}/endpoints/iris/traffic", json={"canary": None}))
-                    calls.append((time.monotonic() - started, answer.status_code,
+                    calls.append((started - cut_at, time.monotonic() - started, answer.status_code,
                                   answer.headers.get("retry-after", ""), answer.text[:200]))
                 except httpx.HTTPError as exc:
-                    calls.append((time.monotonic() - started, 0, "", repr(exc)[:200]))
+                    calls.append((started - cut_at, time.monotonic() - started, 0, "", repr(exc)[:200]))
                 stop.wait(0.5)
 
     losses_before = _log_losses(bed)
     with _loop(bed, "database-unreachable", "iris") as loop:
         time.sleep(3)
-        cut_at = time.time()
+        cut_wall = time.time()
         reset = bed.gate.cut()
-        caller = threading.Thread(target=call_admin, daemon=True)
+        cut_at = time.monotonic()
+        caller = threading.Thread(target=call_admin, args=(cut_at,), daemon=True)
         caller.start()
         time.sleep(outage_s)
         stop.set()
         caller.join(60)
         bed.gate.restore()
         restored_at = time.time()
-        recover_s = until(lambda: httpx.get(f"{admin}/endpoints", headers=headers, timeout=10).status_code == 200, 60)
+        recover_s = until(lambda: httpx.get(f"{admin}/endpoints", headers=headers, timeout=10).status_code == 200, 60,
+                          since=cut_at)
         time.sleep(5)  # the routers' next log batches go through
     tally = loop.tally()
     losses = _log_losses(bed) - losses_before
     during = list(calls)
-    refused = [c for c in during if c[1] == 503 and c[2] and "database" in c[3]]
+    refused = [c for c in during if c[2] == 503 and c[3] and "database" in c[4]]
     from sqlalchemy import func, select
 
     from controlplane.schema import InferenceLogRow
@@ -161,14 +166,15 @@ def database_unreachable(bed: FaultBed, outage_s: float = 10.0) -> FaultResult:
         {"routers kept serving (0 failed requests)": _no_failures(tally),
          "every admin call during the outage a 503 with Retry-After and a reason": bool(during)
          and len(refused) == len(during),
-         "each within 10 s": all(c[0] <= 10 for c in during),
+         "each within 10 s": all(c[1] <= 10 for c in during),
          "the inference log counted what it lost": losses > 0,
          "the inference log writes again after": logged_after > 0,
          "the admin API answers again": recover_s is not None},
-        detect_s=max((c[0] for c in during), default=None), recover_s=recover_s,
-        notes=f"{reset} database connections reset at the cut ({time.strftime('%H:%M:%S', time.localtime(cut_at))}); "
-              f"{len(during)} admin calls during it; {losses:.0f} log records lost and counted; "
-              f"{logged_after} logged after")
+        detect_s=min((sent + took for sent, took, *_ in refused), default=None), recover_s=recover_s,
+        notes=f"{reset} database connections reset at the cut ({time.strftime('%H:%M:%S', time.localtime(cut_wall))}); "
+              f"{len(during)} admin calls during it, the slowest answered in "
+              f"{max((c[1] for c in during), default=0):.1f} s; {losses:.0f} log records lost and counted; "
+              f"{logged_after} logged after; detect and recover counted from the cut")
 
 
 def _utc(seconds: float):
@@ -177,24 +183,41 @@ def _utc(seconds: float):
     return datetime.fromtimestamp(seconds, tz=timezone.utc)
 
 
+# Two versions registered and the alias moved twice (to the newer, then back to the older). The
+# first version's line is printed as soon as it is registered: MLflow is stopped then, while the
+# second registration and both alias moves are still to come.
 BURST = ("import sys; from demo.iris import log_iris; from mlflow import MlflowClient;"
-         "c = MlflowClient(sys.argv[1], sys.argv[1]); a = log_iris(sys.argv[1]); b = log_iris(sys.argv[1]);"
-         "c.set_registered_model_alias('iris', 'champion', b.version);"
+         "c = MlflowClient(sys.argv[1], sys.argv[1]); a = log_iris(sys.argv[1]); print('registered', a.version, flush=True);"
+         "b = log_iris(sys.argv[1]); c.set_registered_model_alias('iris', 'champion', b.version);"
          "c.set_registered_model_alias('iris', 'champion', a.version); print(a.version, b.version)")
 
 
 def mlflow_down_during_registrations(bed: FaultBed, down_s: float = 30.0) -> FaultResult:
-    """Two versions registered and the alias moved twice (to the newer, then back to the older),
-    then MLflow stopped (SIGSTOP: its port accepts, nothing answers) for ``down_s``."""
+    """A burst of registrations (:data:`BURST`) with MLflow stopped in the middle of it (SIGSTOP: its
+    port accepts, nothing answers) for ``down_s``: the first version is registered, its webhook
+    sent; the second version and both alias moves wait on the stopped server and land after it
+    resumes. The alias ends on the older version, which must serve; the newer must never serve."""
     mlflow = bed.platform.service_process("mlflow")
     with _loop(bed, "mlflow-down", "iris") as loop:
-        older, newer = bed.platform.register(BURST).split()[-2:]
-        os.killpg(mlflow.pid, signal.SIGSTOP)
-        stopped_at = time.monotonic()
+        registering = bed.platform.start_registration(BURST)
         try:
-            time.sleep(down_s)
+            first = registering.stdout.readline().split()
+            if first[:1] != ["registered"]:
+                raise RuntimeError(f"the registrations failed:\n{registering.communicate(timeout=60)[1][-3000:]}")
+            os.killpg(mlflow.pid, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            try:
+                time.sleep(down_s)
+                still_registering = registering.poll() is None  # its next calls wait on the stopped server
+            finally:
+                os.killpg(mlflow.pid, signal.SIGCONT)
+            rest, errors = registering.communicate(timeout=300)
         finally:
-            os.killpg(mlflow.pid, signal.SIGCONT)
+            if registering.poll() is None:
+                registering.kill()
+        if registering.returncode != 0:
+            raise RuntimeError(f"the registrations failed after MLflow came back:\n{errors[-3000:]}")
+        older, newer = rest.split()[-2:]
         serves = lambda: _partition(bed) == f"iris.v{older}" and bed.ready("iris") >= 3  # noqa: E731
         recover_s = until(serves, 900, 2.0, since=stopped_at)
         time.sleep(3)
@@ -203,13 +226,15 @@ def mlflow_down_during_registrations(bed: FaultBed, down_s: float = 30.0) -> Fau
     return FaultResult.judged(
         "MLflow down during a burst of registrations", "each version deploys when it is back, exactly as its alias says",
         tally,
-        {f"v{older} (the alias) serves once MLflow is back": recover_s is not None,
+        {"MLflow stopped while registrations were still arriving": still_registering,
+         f"v{older} (the alias) serves once MLflow is back": recover_s is not None,
          f"no revision of v{newer} serves (its alias moved away)": _partition(bed) == f"iris.v{older}"
          and not _served_partition(bed, f"iris.v{newer}"),
          "0 failed requests meanwhile": _no_failures(tally)},
         recover_s=recover_s,
-        notes=f"registered v{older} and v{newer}, champion → v{newer} → v{older}; MLflow stopped {down_s:g} s; "
-              f"deploy runs of v{newer}: {len(bed.platform.runs(f'iris.v{newer}'))} ({len(newer_served)} succeeded)")
+        notes=f"v{older} registered, then MLflow stopped {down_s:g} s while v{newer} and the alias moves "
+              f"(champion → v{newer} → v{older}) waited on it; deploy runs of v{newer}: "
+              f"{len(bed.platform.runs(f'iris.v{newer}'))} ({len(newer_served)} succeeded)")
 
 
 def _partition(bed: FaultBed) -> str:

@@ -198,16 +198,17 @@ def saturating_clients(routers: int, admitted_per_router: int) -> int:
     return 2 * routers * admitted_per_router
 
 
-def saturation(bed: FaultBed, duration_s: float = 300.0) -> FaultResult:
+def saturation(bed: FaultBed, duration_s: float = 300.0, deadline_s: float = 120.0) -> FaultResult:
     """Clients enough that some router is offered twice what it admits to ``smol``
-    (``SMOL_RUNNING`` running + ``SMOL_QUEUED`` queued), for ``duration_s``."""
+    (``SMOL_RUNNING`` running + ``SMOL_QUEUED`` queued), for ``duration_s``. A request not
+    answered within the clients' ``deadline_s`` is a timeout (lost)."""
     [before] = bed.replicas("smol")
     clients = saturating_clients(ROUTERS, SMOL_RUNNING + SMOL_QUEUED)
     port = bed.platform.ports["MODELPLANE_ROUTER_PORT"]
     target = bed.targets["smol"]
     saturating = Target(target.name, target.url, {**target.body, "max_tokens": 32, "ignore_eos": True}, target.headers)
     with RequestLoop(saturating, bed.work / "saturation.jsonl", concurrency=clients, pause_s=0.2,
-                     deadline_s=120) as loop:
+                     deadline_s=deadline_s) as loop:
         time.sleep(min(10.0, duration_s))
         routers = bed.platform.service_processes("serving.router.server")
         split = sorted((_router_port_connections(router, port) for router in routers), reverse=True)
@@ -217,11 +218,12 @@ def saturation(bed: FaultBed, duration_s: float = 300.0) -> FaultResult:
     statuses = sorted({r.status for r in loop.records()})
     return FaultResult.judged(
         f"{duration_s / 60:g} min at full saturation (offered load > capacity)",
-        "0 liveness restarts; excess load refused with 429/503 and Retry-After, never a timeout", tally,
+        f"0 liveness restarts; excess load refused with 429/503 and Retry-After, never a timeout (client deadline "
+        f"{deadline_s:g} s)", tally,
         {"0 liveness restarts": (after.pid, after.restarts) == (before.pid, before.restarts),
          "offered load exceeded capacity (some refused)": tally.refused > 0,
          "every refusal a 429/503 with Retry-After, no other failure": tally.failed == 0,
-         "no timeout": tally.lost == 0},
+         f"no timeout (none unanswered after the clients' {deadline_s:g} s deadline)": tally.lost == 0},
         notes=f"{clients} clients, 32 tokens each, against {SMOL_RUNNING} running + {SMOL_QUEUED} queued per router; "
               f"connections per router {'/'.join(map(str, split))}; statuses {statuses}; "
               f"slowest answer {tally.max_latency_s:.1f} s")

@@ -30,7 +30,10 @@ REGISTER_IRIS = ("import sys; from demo.iris import log_iris; v = log_iris(sys.a
                  "'iris', 'champion', v.version)")
 IRIS_REQUEST = {"dataframe_split": {"columns": ["sepal length (cm)", "sepal width (cm)", "petal length (cm)",
                                                 "petal width (cm)"], "data": [[5.1, 3.5, 1.4, 0.2]]}}
-PORT_SETTINGS = ("MODELPLANE_MLFLOW_PORT", "MODELPLANE_DAGSTER_PORT", "MODELPLANE_ADMIN_PORT", "MODELPLANE_ROUTER_PORT")
+# Every port `up` listens on, each a free one: platforms started side by side (parallel test
+# workers) never meet on a default port.
+PORT_SETTINGS = ("MODELPLANE_MLFLOW_PORT", "MODELPLANE_DAGSTER_PORT", "MODELPLANE_ADMIN_PORT", "MODELPLANE_ROUTER_PORT",
+                 "MODELPLANE_REGISTRY_PORT", "MODELPLANE_PROMETHEUS_PORT")
 
 
 class RunningPlatform:
@@ -72,11 +75,16 @@ class RunningPlatform:
     def register(self, code: str) -> str:
         """Run registration code (``sys.argv[1]`` is MLflow's URL) in a fresh process, as a data scientist
         would; returns what it printed."""
-        done = subprocess.run([sys.executable, "-c", code, self.url("mlflow")], cwd=REPO, env=self.env,
-                              capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise RuntimeError(f"registration failed:\n{done.stderr[-3000:]}")
-        return done.stdout
+        registering = self.start_registration(code)
+        stdout, stderr = registering.communicate(timeout=300)
+        if registering.returncode != 0:
+            raise RuntimeError(f"registration failed:\n{stderr[-3000:]}")
+        return stdout
+
+    def start_registration(self, code: str) -> subprocess.Popen:
+        """:meth:`register`'s process, started and left running (its output on pipes, as text)."""
+        return subprocess.Popen([sys.executable, "-c", code, self.url("mlflow")], cwd=REPO, env=self.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def runs(self, partition: str) -> list[dict]:
         response = httpx.post(f"{self.url('dagster')}/graphql", timeout=10, json={
