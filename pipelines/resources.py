@@ -117,6 +117,11 @@ class ModelStoreResource(ConfigurableResource):
     def version_dir(self, model: str, version: str, step: str) -> Path:
         return Path(self.root_dir) / model / f"v{version}" / step
 
+    def evaluations_dir(self) -> Path:
+        """The eval gate's results, one file per (checkpoint content, evaluation set, engine), shared by
+        every version (``evaluation.engine_run``)."""
+        return Path(self.root_dir) / "evaluations"
+
 
 class ImagesResource(ConfigurableResource):
     """Serving images (``images/``): where they are pushed and how they are built."""

@@ -252,6 +252,33 @@ def test_kill_group_on_a_warm_replica_stops_it_and_its_children(pool, probe, tmp
     wait_for(lambda: gone(report["child"]), 10, "the replica's child to go")
 
 
+def ignored_signals(pid: int) -> int:
+    """The process's SigIgn mask (bit n-1 set: signal n ignored)."""
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("SigIgn:"))
+    return int(line.split()[1], 16)
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_a_replica_stops_on_sigterm_even_when_its_starter_ignores_it(pool, probe, tmp_path, warm):
+    """An ignored signal survives exec: a replica started by a process that ignores SIGTERM (a CI
+    runner did) would ignore it too, and every stop would end in SIGKILL after the grace."""
+    launch = probe(tmp_path / "r.json")
+    key = PoolKey.for_launch("probe", launch)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        if warm:
+            pool.warm(key, launch.env)
+            wait_for(lambda: ready_pids(pool, key), 60, "a ready zygote")
+        started = pool.start("probe", launch, tmp_path / "r.log")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert started.warm is warm
+    read_report(tmp_path / "r.json")
+    assert not ignored_signals(started.process.pid) & (1 << (signal.SIGTERM - 1))
+    kill_group(started.process, grace_s=5)
+    assert started.process.returncode == -signal.SIGTERM
+
+
 def test_a_refused_assignment_says_why_and_start_falls_back_to_cold(pool, probe, tmp_path):
     launch = probe(tmp_path / "r.json")
     key = PoolKey.for_launch("probe", launch)

@@ -5,7 +5,7 @@ A :class:`WarmPool` keeps ``size_per_kind`` ready zygotes (:mod:`serving.runtime
 venv). :meth:`WarmPool.start` is what the supervisor calls instead of ``subprocess.Popen``: it
 hands the replica to a ready zygote that fits it, else starts it cold, exactly as the
 supervisor did (same argv, :func:`~serving.runtime.process.replica_environment`, log, new
-session), and says which and why. Either way the caller gets a ``subprocess.Popen`` that is
+session, stop signals at their defaults), and says which and why. Either way the caller gets a ``subprocess.Popen`` that is
 the leader of its own session, so ``kill_group`` stops the replica and all its children.
 
 Costs, measured on this 2-core machine (``benchmarks/engine_startup.py``): an idle vLLM
@@ -45,7 +45,7 @@ from autoscale.clock import Clock, MonotonicClock
 from cluster.local.warm_pool_plan import (EXITED_BEFORE_READY, NOT_READY, KeyState, LaunchLike, PoolKey, PoolPlan,
                                           WarmPoolConfig, ZygoteView, after_failure, plan)
 from serving.runtime.base import ReplicaLaunch
-from serving.runtime.process import replica_environment
+from serving.runtime.process import default_stop_signals, replica_environment
 from serving.runtime.zygote import KINDS, Assignment, ZygoteFacts, ZygoteKind, refusal
 
 log = logging.getLogger("modelplane.warm_pool")
@@ -158,7 +158,8 @@ def cold_start(launch: LaunchLike, log_path: Path, cwd: str | Path | None = None
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log_file:
         return subprocess.Popen(launch.argv, env=replica_environment(dict(launch.env)), stdout=log_file,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd,
+                                preexec_fn=default_stop_signals)
 
 
 # ---- the pool --------------------------------------------------------------------------------
@@ -325,7 +326,7 @@ class WarmPool:
                      "--preload", ",".join(kind.preload)],
                     env=replica_environment(dict(launch_env)), cwd=self._cwd, stdin=subprocess.DEVNULL, stdout=output,
                     stderr=subprocess.STDOUT,
-                    start_new_session=True, pass_fds=(theirs.fileno(),))
+                    start_new_session=True, pass_fds=(theirs.fileno(),), preexec_fn=default_stop_signals)
         except OSError as exc:  # e.g. the python is gone: a failure like any other, backed off
             log.warning("cannot start a %s zygote with %s: %s", key.kind, key.python, exc)
             ours.close()

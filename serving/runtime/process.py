@@ -38,6 +38,21 @@ def replica_environment(launch_env: dict[str, str], base: dict[str, str] | None 
     return {**{k: v for k, v in base.items() if k not in CONTROL_PLANE_ONLY_ENV}, **launch_env}
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def default_stop_signals() -> None:
+    """``preexec_fn`` for a replica: its stop signals at their defaults, whatever its starter ignores.
+
+    An ignored signal stays ignored across exec, so a replica started by a process that ignores
+    SIGTERM (a CI runner's, a ``nohup``-like wrapper's) would ignore it too and every stop would
+    wait out the grace and end in SIGKILL, with no drain. Runs in the child between fork and
+    exec: only ``sigaction`` calls, nothing that takes a lock.
+    """
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
