@@ -335,7 +335,7 @@ def requests(
     for r in records:
         table.add_row(f"{r.at:%Y-%m-%d %H:%M:%S}", r.revision_id or "-", r.kind, str(r.status),
                       f"{r.latency_ms:.1f}", str(r.request_bytes), str(r.response_bytes), r.token_id or "-")
-    console.print(table)
+    Console(soft_wrap=True).print(table)  # sized now: Rich reads COLUMNS when a Console is made, not when it prints
 
 
 def _tokens():

@@ -95,4 +95,4 @@ def router_replicas(endpoint: str = typer.Option(None, "--endpoint", help="Only 
                                   str(replica["in_flight_requests"]), f"{replica['in_flight_units']:g}", ejected)
     finally:
         tokens.revoke(token_id)
-    console.print(table)
+    Console().print(table)  # sized now: Rich reads COLUMNS when a Console is made, not when it prints

@@ -276,6 +276,7 @@ def status(
                           "revisions": [asdict(r) for r in found.revisions]}, indent=2))
         return
     since_start = any(e.traffic is not None and e.traffic.p99_since_start for e in found.endpoints)
+    console = Console()  # sized now: Rich reads COLUMNS when a Console is made, not when it prints
     console.print(render("Endpoints", ENDPOINT_HEADERS, endpoint_rows(found.endpoints),
                          SINCE_START_NOTE if since_start else None, width=console.width))
     console.print(render("Revisions", REVISION_HEADERS, revision_rows(found.revisions), width=console.width))

@@ -3,10 +3,11 @@
 # Needs the PostgreSQL server on 127.0.0.1:5432 (user postgres, trust auth); starts it
 # when it is installed here but stopped.
 #
-# The test modules run on MODELPLANE_TEST_WORKERS parallel workers (pytest-xdist, default 4:
-# most tests wait on servers and processes, so 4 workers keep 2 cores busy); each module's
-# tests stay together, in order, on one worker (`--dist loadscope`), the longest modules first
-# (tests/conftest.py). MODELPLANE_TEST_WORKERS=0 runs everything in this one process.
+# The test modules run on MODELPLANE_TEST_WORKERS parallel workers (pytest-xdist, default 3:
+# alone, the suite kept 2 cores 60 % busy, waiting on servers and processes; 3 workers keep them
+# busy without crowding the engines more than that); each module's tests stay together, in order,
+# on one worker (`--dist loadscope`), the longest modules first (tests/conftest.py).
+# MODELPLANE_TEST_WORKERS=0 runs everything in this one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,7 +24,7 @@ then
   fi
 fi
 
-workers="${MODELPLANE_TEST_WORKERS:-4}"
+workers="${MODELPLANE_TEST_WORKERS:-3}"
 parallel=()
 if [ "$workers" != 0 ]; then
   parallel=(-n "$workers" --dist loadscope --no-loadscope-reorder)

@@ -120,8 +120,22 @@ def test_the_generator_sends_at_the_rate_asked_at_a_low_rate(fast_replica):
     assert result["sent"] == pytest.approx(1000, rel=0.1)
     assert result["offered_rps"] == pytest.approx(250, rel=0.1)
     assert result["achieved_rps"] == pytest.approx(250, rel=0.1)
-    assert result["waited_for_connection"] == 0
+    # how many waited for a free connection depends on how busy the machine is: a figure, not a check
+    assert 0 <= result["waited_for_connection"] <= result["sent"]
     assert 0 < result["p50_ms"] <= result["p90_ms"] <= result["p99_ms"] <= result["max_ms"]
+
+
+def test_a_request_whose_connections_are_all_busy_waits_for_one_and_is_counted(llm_replica):
+    """One connection to a replica that takes 105 ms a request, offered 40 a second: most arrivals
+    find the connection busy; each waits for it (sent late, never dropped) and is counted."""
+    port = int(llm_replica.rsplit(":", 1)[1])
+    requests = [bench.http_request("127.0.0.1", port, "/v1/completions", body)
+                for body in loadgen.completion_bodies("m", [(0, 100)])]
+    result = asyncio.run(loadgen.open_loop("127.0.0.1", port, requests, rate_rps=40, duration_s=1.0, warmup_s=0.0,
+                                         connections=1, seed=0))
+    assert result["errors"] == 0 and result["unanswered"] == 0
+    assert result["waited_for_connection"] > 0
+    assert result["statuses"] == {"200": result["sent"]}
 
 
 def test_a_refused_request_counts_as_an_error_not_a_latency(fast_replica):

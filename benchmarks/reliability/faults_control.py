@@ -201,8 +201,10 @@ def mlflow_down_during_registrations(bed: FaultBed, down_s: float = 30.0) -> Fau
     with _loop(bed, "mlflow-down", "iris") as loop:
         registering = bed.platform.start_registration(BURST)
         try:
-            first = registering.stdout.readline().split()
-            if first[:1] != ["registered"]:
+            for line in registering.stdout:  # MLflow prints its own lines too ("View run … at …")
+                if line.startswith("registered "):
+                    break
+            else:
                 raise RuntimeError(f"the registrations failed:\n{registering.communicate(timeout=60)[1][-3000:]}")
             os.killpg(mlflow.pid, signal.SIGSTOP)
             stopped_at = time.monotonic()
