@@ -52,7 +52,7 @@ def test_the_same_files_anywhere_and_written_at_any_time_have_one_digest(tmp_pat
     lambda d: (d / "config.json").write_text('{"architectures": ["MistralForCausalLM"]}'),
     lambda d: (d / "tokenizer.json").rename(d / "tokenizer2.json"),
     lambda d: (d / "chat_template.jinja").write_text("{{ messages }}"),
-])
+], ids=["one weight byte", "the config", "a tokenizer file renamed", "a chat template added"])
 def test_any_change_to_what_defines_the_model_changes_the_digest(tmp_path, change):
     model = checkpoint(tmp_path / "m")
     before = content_digest(model)
