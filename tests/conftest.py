@@ -33,16 +33,21 @@ from benchmarks.reliability.bed import POSTGRES_ADMIN_URL  # noqa: E402 - one de
 CI_SKIP_REASONS = ("KUBECONFIG does not point at a real cluster", "needs a GPU")
 
 
+def skip_failure_in_ci(reason: str) -> str | None:
+    """What a skip for ``reason`` fails with under CI=true; None when it may skip there."""
+    if any(allowed in reason for allowed in CI_SKIP_REASONS):
+        return None
+    return f"skipped under CI=true: {reason}\n(only these may skip in CI: {'; '.join(CI_SKIP_REASONS)}; docs/testing.md)"
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if os.environ.get("CI") and report.skipped and not hasattr(report, "wasxfail"):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        if not any(allowed in reason for allowed in CI_SKIP_REASONS):
-            report.outcome = "failed"
-            report.longrepr = (f"skipped under CI=true: {reason}\n(only these may skip in CI: "
-                               f"{'; '.join(CI_SKIP_REASONS)}; docs/testing.md)")
+        failure = skip_failure_in_ci(report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr))
+        if failure is not None:
+            report.outcome, report.longrepr = "failed", failure
 
 
 # `make test` runs modules on parallel workers (pytest-xdist, ``--dist loadscope``: a module's

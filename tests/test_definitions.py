@@ -62,3 +62,21 @@ def test_the_database_url_is_held_by_the_name_of_its_variable_so_the_ui_never_sh
     for key in ("control_plane", "cluster"):
         assert resources[key].database_url == EnvVar("MODELPLANE_DATABASE_URL")
         assert "s3cret" not in repr(resources[key])
+
+
+@pytest.mark.parametrize("reason, may_skip", [
+    ("KUBECONFIG does not point at a real cluster", True),
+    ("needs a GPU: no CUDA device", True),
+    ("PostgreSQL at postgresql+psycopg://postgres@127.0.0.1:5432/postgres is not reachable: refused", False),
+    ("mksquashfs (squashfs-tools) missing", False),
+    ("FUSE unavailable here: /dev/fuse missing", False),
+    ("kubectl (with its built-in Kustomize) is not installed", False),
+    ("the Azure trace is not on this machine", False),
+])
+def test_under_ci_a_test_may_skip_only_for_a_real_cluster_or_a_gpu(reason, may_skip):
+    """tests/conftest.py turns every other skip into a failure that names its reason (docs/testing.md)."""
+    from tests.conftest import skip_failure_in_ci
+
+    failure = skip_failure_in_ci(reason)
+    assert (failure is None) is may_skip
+    assert may_skip or reason in failure
