@@ -13,8 +13,10 @@ unit is one millisecond of replica time at that operating point, so a request co
 
 The result is stored per (model version, hardware profile) in the control plane, where
 the router and the autoscaler read it, and logged to MLflow with the sweep and a plot.
-Classic models sweep concurrency only. A sweep where every request failed, or too small
-to fit, fails the step with the reason; nothing is written. The version's MLflow page gets the
+Classic models sweep concurrency only. A grid that could never be fitted (an LLM's with fewer
+than two input or output lengths) fails the step before a replica starts; a sweep where every
+request failed, or too small to fit, fails it after; either way with the reason, and nothing is
+written. The version's MLflow page gets the
 target level's coefficients as ``modelplane.cost.*`` tags (docs/pipeline-metadata.md).
 """
 
@@ -37,7 +39,7 @@ from assets.source_model import DEPLOY_RETRIES, model_versions
 from controlplane.cost_profiles import CostProfileStore
 from controlplane.revisions import RevisionStore, revision_spec
 from controlplane.specs import EndpointSpec
-from costmodel.fit import fit_cost_model
+from costmodel.fit import fit_cost_model, grid_problem
 from costmodel.measure import classic_input_example, run_sweep
 from costmodel.plot import fit_png, latency_png, plot_png
 from costmodel.sweep import SweepError, SweepGrid
@@ -94,6 +96,10 @@ def cost_model(
     spec = _strictest(specs)
     is_llm = quantized_checkpoint["is_llm"]
     grid = grid_of(spec, is_llm)
+    problem = grid_problem(grid, "llm" if is_llm else "classic")
+    if problem:  # known from the spec alone: no replica is started for a sweep that cannot be fitted
+        raise Failure(description=f"{model} v{version}: the sweep cannot give a cost model: {problem} "
+                                  f"(endpoint {spec.name}, cost_model in its spec)", allow_retries=False)
     profile = cluster.hardware_profile()
     reason = context.run.tags.get(REASON_TAG, "new version")
     checkpoint = serving_checkpoint(quantized_checkpoint)

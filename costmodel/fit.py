@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
-from costmodel.sweep import RequestSample, SweepError, SweepPoint, number_or_nan, number_or_none
+from costmodel.sweep import RequestSample, SweepError, SweepGrid, SweepPoint, number_or_nan, number_or_none
 
 KINDS = ("llm", "classic")
 MODEL_UNITS_PER_REPLICA_S = 1000.0  # one model unit is 1 ms of replica time
@@ -132,14 +132,39 @@ def _check_fittable(level: _LevelRows, kind: str) -> None:
         raise SweepError(f"concurrency {c} has {n_ok} successful request(s) ({level.n_failed} failed); fitting "
                          f"α, β, γ needs at least {MIN_LLM_SAMPLES_PER_LEVEL} — see the replica log, or send "
                          "more requests per point")
-    shapes = sorted(set(zip(level.input_tokens.tolist(), level.output_tokens.tolist())))
+    problem = _shapes_problem(set(zip(level.input_tokens.tolist(), level.output_tokens.tolist())), f"at concurrency {c}")
+    if problem:
+        raise SweepError(problem)
+
+
+def _shapes_problem(shapes: set[tuple[float, float]], where: str) -> str | None:
+    """Why α, β and γ cannot be told apart from latencies measured at these (input, output) shapes."""
     if len(shapes) < 3:
-        raise SweepError(f"the sweep has {len(shapes)} distinct (input, output) shape{'s' if len(shapes) != 1 else ''} "
-                         f"at concurrency {c}; fitting α, β, γ needs at least 3 — sweep two or more input lengths "
-                         "and two or more output lengths")
-    if np.linalg.matrix_rank(np.array([(i, o, 1.0) for i, o in shapes])) < 3:
-        raise SweepError(f"the {len(shapes)} (input, output) shapes at concurrency {c} lie on one line, so α, β "
-                         "and γ cannot be told apart; sweep two or more input lengths and two or more output lengths")
+        return (f"the sweep has {len(shapes)} distinct (input, output) shape{'s' if len(shapes) != 1 else ''} "
+                f"{where}; fitting α, β, γ needs at least 3 — sweep two or more input lengths "
+                "and two or more output lengths")
+    if np.linalg.matrix_rank(np.array([(i, o, 1.0) for i, o in sorted(shapes)])) < 3:
+        return (f"the {len(shapes)} (input, output) shapes {where} lie on one line, so α, β "
+                "and γ cannot be told apart; sweep two or more input lengths and two or more output lengths")
+    return None
+
+
+def grid_problem(grid: SweepGrid, kind: str) -> str | None:
+    """Why a sweep of ``grid`` could never give a ``kind`` cost model, known before a replica
+    starts; None when it could (its measurements are checked again after the sweep).
+
+        >>> print(grid_problem(SweepGrid((16,), (4,), (1, 4), 8, 5.0), "llm"))
+        the sweep has 1 distinct (input, output) shape in its grid; fitting α, β, γ needs at least 3 — sweep two or more input lengths and two or more output lengths
+        >>> grid_problem(SweepGrid((16, 64), (4, 16), (1, 4), 8, 5.0), "llm") is None
+        True
+        >>> grid_problem(SweepGrid((0,), (0,), (1, 4), 8, 5.0), "classic") is None
+        True
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if kind == "classic":
+        return None
+    return _shapes_problem({(i, o) for i in grid.input_tokens for o in grid.output_tokens}, "in its grid")
 
 
 def _solve(level: _LevelRows, kind: str) -> Coefficients:

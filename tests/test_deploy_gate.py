@@ -400,6 +400,7 @@ def test_a_sweep_that_cannot_give_a_model_fails_with_its_reason_and_writes_nothi
 
     one_shape = SPEC.replace("input_tokens: [16, 64], output_tokens: [4, 16]", "input_tokens: [16], output_tokens: [4]")
     deployment.specs.put(parse_spec(one_shape))
+    sweeps_before = len(RevisionStore(deployment.engine).list("cost-sweep"))
     try:
         version = deployment.champion()
         result = deployment.deploy(version, assets=[source_model, quantized_checkpoint, eval_gate, cost_model])
@@ -411,3 +412,4 @@ def test_a_sweep_that_cannot_give_a_model_fails_with_its_reason_and_writes_nothi
     assert "the sweep cannot give a cost model" in message and "1 distinct (input, output) shape" in message
     assert CostProfileStore(deployment.engine).get(f"tiny-llm.v{version}", detect_local().key) is None
     assert all(r.state in ("retired", "failed") for r in RevisionStore(deployment.engine).list("cost-sweep"))
+    assert len(RevisionStore(deployment.engine).list("cost-sweep")) == sweeps_before  # known from the grid: no replica

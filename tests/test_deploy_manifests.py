@@ -943,8 +943,10 @@ def test_the_image_installs_the_locked_environments_like_make():
     dockerfile = (DEPLOY / "Dockerfile").read_text()
     makefile = (REPO / "Makefile").read_text()
     assert re.findall(r"^FROM\s+(\S+)", dockerfile, re.MULTILINE) == ["python:3.11-slim-bookworm"]
+    installer = (REPO / "scripts" / "install-locked.sh").read_text()
+    assert installer.count("--no-deps") == 2 and '-r "$lock"' in installer  # uv, else pip: the lock alone …
     for lock in ("requirements/main.lock", "requirements/quantize.lock"):
-        assert f"--no-deps $(PIP_INDEX_ARGS) -r {lock}" in makefile  # what the Makefile does …
+        assert re.search(rf"scripts/install-locked.sh \S+ {re.escape(lock)} \$\(TORCH_INDEX_URL\)", makefile)  # … in make
         assert re.search(rf"pip install -q --no-deps --extra-index-url \S+ -r {re.escape(lock)}", dockerfile)  # … and the image
     assert "uninstall -q -y torchvision torchaudio torchcodec" in dockerfile
     assert "install -q --no-deps --no-build-isolation -e ." in dockerfile

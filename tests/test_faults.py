@@ -8,7 +8,7 @@ The tests run in the table's order; each leaves the platform as the next expects
 table of this run is written to ``$MODELPLANE_FAULTS_REPORT`` when that is set.
 
 Each fault's property is proved at the shortest duration that still proves it
-(:data:`benchmarks.reliability.table.QUICK`: a minute of saturation, a generation well past the
+(:data:`benchmarks.reliability.table.QUICK`: a minute of saturation, a generation sized past the
 hang bound); the long versions, with the figures quoted in docs/reliability.md, are
 ``python -m benchmarks.reliability`` without ``--quick``.
 """
@@ -61,7 +61,7 @@ CASES = [
     pytest.param("database_unreachable", id="database unreachable: routers serve, admin API 503, log counts losses"),
     pytest.param("rollout", id="a rollout under load: 0 failed requests"),
     pytest.param("mlflow_down", id="MLflow down during registrations: each version deploys as its alias says"),
-    pytest.param("long_generation", id="a generation of minutes on an idle replica is not taken for a hang"),
+    pytest.param("long_generation", id="a generation past the 60 s hang bound on an idle replica is not taken for a hang"),
     pytest.param("saturation", id="a minute of saturation: excess refused with Retry-After, nothing restarted"),
 ]
 

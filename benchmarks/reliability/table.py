@@ -27,7 +27,7 @@ class Durations:
 
 
 FULL = Durations(saturation_s=300.0, long_generation_s=150.0, autoscaler_observe_s=60.0)
-QUICK = Durations(saturation_s=60.0, long_generation_s=100.0, autoscaler_observe_s=30.0)
+QUICK = Durations(saturation_s=60.0, long_generation_s=75.0, autoscaler_observe_s=30.0)
 
 
 def bed_faults(durations: Durations) -> list[tuple[str, Callable[[FaultBed], FaultResult]]]:
