@@ -17,11 +17,12 @@ demo: envs sysdeps
 up: envs sysdeps
 	$(VENV)/bin/modelplane up
 
-# The fault table and the rest of the suite side by side (tests/run_all.sh, docs/testing.md):
-# the suite's modules on parallel workers under `nice`, the fault table in one process at normal
-# priority, its deadlines first; each part ends with its 25 slowest tests and its total.
+# The suite, its modules on parallel workers (tests/run.sh, docs/testing.md), then the fault table
+# alone (its faults are judged against deadlines, so nothing else runs beside it); each part ends
+# with its 25 slowest tests and its total.
 test: envs sysdeps
-	bash tests/run_all.sh $(PYTEST_ARGS)
+	bash tests/run.sh -m "not faults" $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-faults
 
 # The inner loop: pure logic, contracts and docs; no engine, no `up`, no fault table.
 test-quick: envs sysdeps
@@ -42,7 +43,7 @@ sysdeps:
 	bash scripts/system-packages.sh
 
 $(VENV)/.installed: requirements/main.lock pyproject.toml
-	@echo "creating $(VENV): $$(grep -c '==' requirements/main.lock) pinned packages, 4.4 GB (about 15 s with uv, 2 minutes with pip)"
+	@echo "creating $(VENV): $$(grep -c '==' requirements/main.lock) pinned packages, 4.4 GB (about a minute with uv, 2 with pip)"
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	bash scripts/install-locked.sh $(VENV) requirements/main.lock $(TORCH_INDEX_URL)
 	$(VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
@@ -51,7 +52,7 @@ $(VENV)/.installed: requirements/main.lock pyproject.toml
 	touch $@
 
 $(QVENV)/.installed: requirements/quantize.lock
-	@echo "creating $(QVENV): $$(grep -c '==' requirements/quantize.lock) pinned packages, 1.5 GB (about 15 s with uv, 2 minutes with pip)"
+	@echo "creating $(QVENV): $$(grep -c '==' requirements/quantize.lock) pinned packages, 1.5 GB (about a minute with uv, 2 with pip)"
 	test -x $(QVENV)/bin/python || $(PYTHON) -m venv $(QVENV)
 	bash scripts/install-locked.sh $(QVENV) requirements/quantize.lock $(TORCH_INDEX_URL)
 	$(QVENV)/bin/python -c "import llmcompressor, compressed_tensors, dagster_pipes"

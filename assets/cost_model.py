@@ -13,11 +13,12 @@ unit is one millisecond of replica time at that operating point, so a request co
 
 The result is stored per (model version, hardware profile) in the control plane, where
 the router and the autoscaler read it, and logged to MLflow with the sweep and a plot.
-Classic models sweep concurrency only. A grid that could never be fitted (an LLM's with fewer
-than two input or output lengths) fails the step before a replica starts; a sweep where every
-request failed, or too small to fit, fails it after; either way with the reason, and nothing is
-written. The version's MLflow page gets the
-target level's coefficients as ``modelplane.cost.*`` tags (docs/pipeline-metadata.md).
+Classic models sweep concurrency only. Two refusals come before the benchmark replica starts:
+``min_replicas`` that do not fit (the check ``served_endpoint`` makes) and a grid that could
+never be fitted (an LLM's with fewer than two input or output lengths); a sweep where every
+request failed, or too small to fit, fails the step after. Each says why, and nothing is
+written. The version's MLflow page gets the target level's coefficients as
+``modelplane.cost.*`` tags (docs/pipeline-metadata.md).
 """
 
 import json
@@ -33,7 +34,7 @@ from assets.gate_verdict import serving_checkpoint
 from assets.metadata import cost_levels_table, links, mlflow_run_url, png_markdown, sweep_table
 from assets.rollout import WaitReady
 from assets.quantized_checkpoint import MEASUREMENT_POOL
-from assets.served_endpoint import RolloutDriver, choose_runtime
+from assets.served_endpoint import RolloutDriver, choose_runtime, replicas_that_fit
 from assets.serving_specs import serving_specs
 from assets.source_model import DEPLOY_RETRIES, model_versions
 from controlplane.cost_profiles import CostProfileStore
@@ -105,6 +106,10 @@ def cost_model(
     checkpoint = serving_checkpoint(quantized_checkpoint)
     serve_dir = Path(checkpoint.model_dir)
     runtime = choose_runtime(spec.runtime, is_llm)
+    capacity = cluster.capacity()
+    for each in specs:  # what served_endpoint would refuse: refused before a sweep's minutes are spent
+        replicas_that_fit(each, choose_runtime(each.runtime, is_llm), str(serve_dir),
+                          max(1, each.scaling.min_replicas), capacity)
     backend = cluster.client()
     driver = RolloutDriver(backend, RevisionStore(control_plane.engine()), context.log.info)
     context.log.info(f"{model} v{version} ({checkpoint.label}) on {profile.key}: {grid.n_points} sweep points "

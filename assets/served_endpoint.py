@@ -12,7 +12,8 @@ its replicas on the cluster backend, wait until every replica is ready, move the
 endpoint's traffic to it, drain the previous revision and retire it (:mod:`assets.rollout`
 decides; :class:`RolloutDriver` acts). A revision that never becomes ready is retired and
 the endpoint keeps serving the one it had. ``min_replicas`` that do not fit where replicas run
-are refused before anything starts (:mod:`cluster.capacity`). The version's MLflow page says
+are refused before anything starts (:mod:`cluster.capacity`; ``cost_model`` checks the same
+before its benchmark replica starts). The version's MLflow page says
 where and since when it serves, or why it does not, and so does the page of a version it
 replaced (``modelplane.serving.*`` tags, :mod:`assets.serving_state`).
 """
@@ -209,7 +210,7 @@ def _roll_out(driver: RolloutDriver, revisions: RevisionStore, endpoint: str, re
         raise
 
 
-def _replicas_that_fit(spec, runtime: str, model_dir: str, replicas: int, capacity: Capacity) -> int:
+def replicas_that_fit(spec, runtime: str, model_dir: str, replicas: int, capacity: Capacity) -> int:
     """How many of this endpoint's replicas fit; a Failure (not retried) when ``replicas`` do not."""
     try:
         per_replica = replica_memory_bytes(runtime, model_bytes(Path(model_dir)), spec.replica.model_dump())
@@ -290,7 +291,7 @@ def served_endpoint(
     for spec in specs:
         runtime = choose_runtime(spec.runtime, quantized_checkpoint["is_llm"])
         replicas = max(1, spec.scaling.min_replicas)
-        fit = _replicas_that_fit(spec, runtime, checkpoint.model_dir, replicas, capacity)
+        fit = replicas_that_fit(spec, runtime, checkpoint.model_dir, replicas, capacity)
         if spec.scaling.max_replicas > fit:
             context.log.warning(f"{spec.name}: scaling.max_replicas is {spec.scaling.max_replicas} but "
                                 f"{capacity.where} holds {fit} such replicas; the autoscaler stops at {fit}")

@@ -55,7 +55,7 @@ def pytest_runtest_makereport(item, call):
 # order. These run longest, measured on 2 cores (docs/testing.md): they go first, longest
 # first, so that no long module starts last and the workers finish together.
 LONGEST_FIRST = (
-    "tests/test_faults.py",  # `make test` runs it in a process of its own beside the rest (tests/run_all.sh)
+    "tests/test_faults.py",  # `make test` runs it alone afterwards (`make test-faults`)
     "tests/test_deploy_gate.py",
     "tests/test_platform.py",
     "tests/test_supervisor.py",

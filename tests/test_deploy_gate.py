@@ -356,6 +356,9 @@ def test_min_replicas_that_do_not_fit_are_refused_before_anything_starts(deploym
     assert "crowded: 3 replicas need at least" in message and "lower scaling.min_replicas to at most 2" in message
     assert deployment.serving_revision("crowded") is None
     assert not RevisionStore(deployment.engine).list("crowded")  # nothing was created, so nothing to retire
+    # refused before the cost model's sweep: no benchmark replica was started for a version that cannot serve
+    assert failure.step_key == "cost_model"
+    assert not [r for r in RevisionStore(deployment.engine).list("cost-sweep") if r.partition_key.startswith("tiny-crowded")]
 
 
 def test_an_fp8_checkpoint_is_produced_loads_on_the_cpu_engine_and_passes(deployment):

