@@ -9,6 +9,9 @@ saves a compressed-tensors checkpoint beside the tokenizer, and reports sizes, p
 weight error and time; the checkpoint is then logged to MLflow, linked to its source
 version by tags.
 
+A checkpoint made before from the same source content, plan and quantizer is linked
+from the model store's ``quantized/`` entries instead of being quantized again
+(:mod:`quantization.store`; the metadata says ``reused``).
 Classic models, and ``scheme: none``, pass through: the value points at the source files
 and the metadata says the checkpoint is not quantized. The ``eval_gate`` check
 (:mod:`assets.eval_gate`) must pass before anything downstream runs. The version's MLflow page
@@ -25,6 +28,7 @@ from assets.catalog import GROUP, OWNERS, step_tags
 from assets.metadata import layer_group_table, links, mlflow_run_url, quantization_sizes_table, worst_layers_table
 from assets.serving_specs import agreed_quantization, serving_specs
 from assets.source_model import model_versions
+from evaluation.engine_run import content_digest
 from evaluation.gec_data import calibration_texts
 from pipelines.deploy_plan import checkpoint_sections
 from pipelines.registry import parse_partition_key
@@ -34,7 +38,8 @@ from pipelines.resources import (ClusterResource, ControlPlaneResource, ModelSto
 from quantization.engine_support import check_supported
 from quantization.plan import plan_for
 from quantization.reconstruction import layer_group
-from quantization.worker import REPORT_FILE
+from quantization.store import REPORT_FILE, keep, link_tree, quantizer_identity, store_key, stored
+from quantization.worker import metadata_of
 from serving.runtime.model_layout import locate
 
 KIND = "quantized_checkpoint"
@@ -100,9 +105,21 @@ def quantized_checkpoint(
               "output_dir": str(output_dir), "plan": plan.to_json()}
     if plan.kv_cache:
         extras["calibration_texts"] = calibration_texts()
-    context.log.info(f"{model} v{version}: {plan.label} for {profile.key} ({profile.engine})")
-    reported = quantizer.run(context, extras).get_materialize_result().metadata
-    report = json.loads((output_dir / REPORT_FILE).read_text())
+    key = store_key(content_digest(layout.checkpoint_dir), plan.to_json(), extras.get("calibration_texts"),
+                    quantizer_identity(Path(quantizer.python), Path(quantizer.worker)))
+    kept = stored(model_store.quantized_dir(), key)
+    if kept is not None:
+        context.log.info(f"{model} v{version}: {plan.label} of this source content was made before ({kept}); "
+                         "linked, not quantized again")
+        link_tree(kept, output_dir)
+        report = json.loads((output_dir / REPORT_FILE).read_text())
+        reported = {**metadata_of(report), "reused": f"quantized before from the same source content, plan and "
+                                                    f"quantizer (store entry {key[:16]}); not run again"}
+    else:
+        context.log.info(f"{model} v{version}: {plan.label} for {profile.key} ({profile.engine})")
+        reported = quantizer.run(context, extras).get_materialize_result().metadata
+        report = json.loads((output_dir / REPORT_FILE).read_text())
+        keep(model_store.quantized_dir(), key, output_dir)
     groups = report["weight_error"]["groups"]
     client.set_version_tags(model, version, quantization_tags(plan.label, profile.key))
     run_id = client.log_derived(

@@ -117,6 +117,11 @@ class ModelStoreResource(ConfigurableResource):
     def version_dir(self, model: str, version: str, step: str) -> Path:
         return Path(self.root_dir) / model / f"v{version}" / step
 
+    def quantized_dir(self) -> Path:
+        """Quantized checkpoints by what decides their bytes, shared by every version
+        (``quantization.store``)."""
+        return Path(self.root_dir) / "quantized"
+
     def evaluations_dir(self) -> Path:
         """The eval gate's results, one file per (checkpoint content, evaluation set, engine), shared by
         every version (``evaluation.engine_run``)."""

@@ -24,10 +24,10 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from quantization.reconstruction import reconstruction_errors  # noqa: E402
+from quantization.store import REPORT_FILE  # noqa: E402
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 OWN_FILES = ("config.json", "model.safetensors.index.json", "recipe.yaml")
-REPORT_FILE = "modelplane-quantization.json"
 
 
 def _copy_side_files(source: Path, staging: Path) -> list[str]:

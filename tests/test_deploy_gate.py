@@ -166,6 +166,7 @@ def test_a_version_is_served_from_its_int8_checkpoint_only_after_the_gate_passed
     assert check_of(result).passed
     quantized = result.output_for_node("quantized_checkpoint")
     assert quantized["scheme"] == "int8-w8a8-channel"
+    assert "reused" not in metadata_of(result)["quantized_checkpoint"]  # the first of its content: quantized
     config = json.loads((Path(quantized["serve_dir"]) / "config.json").read_text())["quantization_config"]
     assert config["format"] == "int-quantized" and config["ignore"] == ["lm_head"]
     revision = deployment.serving_revision()
@@ -358,6 +359,8 @@ def test_min_replicas_that_do_not_fit_are_refused_before_anything_starts(deploym
     assert not RevisionStore(deployment.engine).list("crowded")  # nothing was created, so nothing to retire
     # refused before the cost model's sweep: no benchmark replica was started for a version that cannot serve
     assert failure.step_key == "cost_model"
+    # the same weights as the first version, quantized by the same plan: linked from the store, not run again
+    assert "reused" in result.asset_materializations_for_node("quantized_checkpoint")[0].metadata
     assert not [r for r in RevisionStore(deployment.engine).list("cost-sweep") if r.partition_key.startswith("tiny-crowded")]
 
 
