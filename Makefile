@@ -19,10 +19,14 @@ up: envs sysdeps
 
 # The suite, its modules on parallel workers (tests/run.sh, docs/testing.md), then the fault table
 # alone (its faults are judged against deadlines, so nothing else runs beside it); each part ends
-# with its 25 slowest tests and its total.
+# with its 25 slowest tests and its total. The platforms both start share one environment-layer
+# cache for the run (MODELPLANE_LAYER_CACHE_DIR), so each environment's image layer is built once.
+LAYER_CACHE := $(CURDIR)/.modelplane-test/layer-cache
 test: envs sysdeps
-	bash tests/run.sh -m "not faults" $(PYTEST_ARGS)
-	$(MAKE) --no-print-directory test-faults
+	rm -rf $(LAYER_CACHE)
+	MODELPLANE_LAYER_CACHE_DIR=$(LAYER_CACHE) bash tests/run.sh -m "not faults" $(PYTEST_ARGS)
+	MODELPLANE_LAYER_CACHE_DIR=$(LAYER_CACHE) $(MAKE) --no-print-directory test-faults
+	rm -rf $(LAYER_CACHE)
 
 # The inner loop: pure logic, contracts and docs; no engine, no `up`, no fault table.
 test-quick: envs sysdeps

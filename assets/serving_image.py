@@ -74,7 +74,7 @@ def serving_image(
         for runtime, replica_config in sorted(runtimes.items()):
             ref, facts = build_serving_image(
                 client, repository_name(images.repo_prefix, model), f"v{version}-{runtime}", Path(checkpoint.model_dir),
-                runtime, replica_config, work / "builds" / f"{model}-v{version}-{runtime}", work / "cache",
+                runtime, replica_config, work / "builds" / f"{model}-v{version}-{runtime}", images.layer_cache(),
                 images.settings(), context.log.info,
                 labels={"org.modelplane.model": model, "org.modelplane.version": version,
                         "org.modelplane.checkpoint": checkpoint.label})

@@ -1,7 +1,8 @@
 """Building a version's serving image: two layers, each in two forms, pushed to a registry.
 
 Layers: the runtime environment (:mod:`images.environment`, shared by every version served
-on this environment, built once per fingerprint and cached) and the model files. Each layer
+on this environment, built once per fingerprint and cached; builders sharing the cache take
+turns through a lock file, so a second waits and reads what the first built) and the model files. Each layer
 is an ordinary tar+gzip OCI layer (any runtime can pull and run the image) and a seekable
 squashfs image cut into digested sectors (:mod:`images.seekable`), with the files the runtime
 opened while starting (:mod:`images.startup_trace`) placed first and their sectors listed as
@@ -10,11 +11,13 @@ the prefetch set. The seekable form is pushed as an artifact whose ``subject`` i
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,6 +105,23 @@ def trace_files(environment: Environment, env_tree: Path, model_dir: Path, runti
                          work, port, settings.trace_timeout_s)
 
 
+@contextmanager
+def exclusive(lock_path: Path, log: Callable[[str], None], what: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_path`` (``flock``: released when the holder exits, however it
+    exits), saying so when another builder holds it."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another build of {what}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def build_serving_image(registry: Registry, repo: str, tag: str, model_dir: Path, runtime: str, runtime_config: dict,
                         work_root: Path, cache_root: Path, settings: ImageSettings = ImageSettings(),
                         log: Callable[[str], None] = print, labels: dict[str, str] | None = None) -> tuple[ImageRef, dict]:
@@ -117,16 +137,17 @@ def build_serving_image(registry: Registry, repo: str, tag: str, model_dir: Path
     if settings.trace_startup:
         log(f"recording the start-up trace of a {runtime} replica")
         traced = trace_files(environment, env_tree, model_dir, runtime_config, work / "trace", settings)
-    if (env_cache / "meta.json").is_file():
-        env_layer = BuiltLayer.from_meta(json.loads((env_cache / "meta.json").read_text()))
-        log(f"environment layer {env_layer.layer.digest[:19]} from the cache ({env_cache})")
-    else:
-        log(f"building the environment layer ({len(environment.distributions)} distributions)")
-        shutil.rmtree(env_cache, ignore_errors=True)
-        env_layer = build_both_forms(env_tree, env_cache, "env", ENV_MOUNT, traced["env"], settings)
-        tmp = env_cache / "meta.json.tmp"
-        tmp.write_text(json.dumps(env_layer.meta()))
-        os.replace(tmp, env_cache / "meta.json")
+    with exclusive(cache_root / f"{env_cache.name}.lock", log, f"the environment layer {env_cache.name}"):
+        if (env_cache / "meta.json").is_file():
+            env_layer = BuiltLayer.from_meta(json.loads((env_cache / "meta.json").read_text()))
+            log(f"environment layer {env_layer.layer.digest[:19]} from the cache ({env_cache})")
+        else:
+            log(f"building the environment layer ({len(environment.distributions)} distributions)")
+            shutil.rmtree(env_cache, ignore_errors=True)
+            env_layer = build_both_forms(env_tree, env_cache, "env", ENV_MOUNT, traced["env"], settings)
+            tmp = env_cache / "meta.json.tmp"
+            tmp.write_text(json.dumps(env_layer.meta()))
+            os.replace(tmp, env_cache / "meta.json")
     model_layer = build_both_forms(Path(model_dir), work / "model", "model", MODEL_MOUNT, traced["model"], settings)
     layout = work / "layout"
     config = ImageConfig(env={"PATH": f"/{ENV_MOUNT}/bin:/usr/local/bin:/usr/bin:/bin", "VIRTUAL_ENV": f"/{ENV_MOUNT}"},

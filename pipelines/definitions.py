@@ -50,6 +50,7 @@ def build_resources(settings: Settings, environ=os.environ) -> dict:
         "quantizer": QuantizerResource(python=str(settings.quantize_python)),
         "images": ImagesResource(mode=settings.images, registry_url=settings.registry_url,
                                  work_dir=str(settings.images_dir),
+                                 layer_cache_dir=str(settings.layer_cache_dir) if settings.layer_cache_dir else None,
                                  **{key: EnvVar(env) for key, env in REGISTRY_CREDENTIALS_ENV.items() if environ.get(env)}),
     }
 

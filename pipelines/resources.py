@@ -138,10 +138,16 @@ class ImagesResource(ConfigurableResource):
     password: str | None = Field(None, description="Registry password or token.")
     repo_prefix: str = Field("modelplane", description="Repositories are <prefix>/<model>.")
     work_dir: str = Field(description="Builds and the environment-layer cache, e.g. .modelplane/images.")
+    layer_cache_dir: str | None = Field(None, description="Built environment layers, one per environment "
+                                        "fingerprint (default: <work_dir>/cache). Builders that name one "
+                                        "directory build each environment's layer once; one waits for another.")
     sector_bytes: int = Field(4 << 20, ge=4096, multiple_of=4096, description="Seekable sector size, bytes.")
     zstd_level: int = Field(3, ge=1, le=22, description="zstd level of the squashfs blocks and the sectors.")
     trace_startup: bool = Field(True, description="Record the files the runtime opens while starting (strace) "
                                 "and place them first in each layer.")
+
+    def layer_cache(self) -> Path:
+        return Path(self.layer_cache_dir) if self.layer_cache_dir else Path(self.work_dir) / "cache"
 
     def client(self):
         from images.oci.client import HttpRegistry

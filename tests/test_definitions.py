@@ -64,6 +64,37 @@ def test_the_database_url_is_held_by_the_name_of_its_variable_so_the_ui_never_sh
         assert "s3cret" not in repr(resources[key])
 
 
+def test_the_layer_cache_is_the_home_s_unless_a_shared_one_is_named(monkeypatch, tmp_path):
+    from controlplane.settings import Settings
+    from pipelines.definitions import build_resources
+
+    monkeypatch.setenv("MODELPLANE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MODELPLANE_LAYER_CACHE_DIR", raising=False)
+    assert build_resources(Settings.from_env())["images"].layer_cache() == tmp_path / "home" / "images" / "cache"
+    monkeypatch.setenv("MODELPLANE_LAYER_CACHE_DIR", str(tmp_path / "shared"))
+    assert build_resources(Settings.from_env())["images"].layer_cache() == tmp_path / "shared"
+
+
+def test_a_second_builder_of_one_layer_waits_for_the_first(tmp_path):
+    import threading
+
+    from images.serving_image import exclusive
+
+    said, entered = [], threading.Event()
+
+    def second():
+        with exclusive(tmp_path / "env-pyfunc-abc.lock", said.append, "env-pyfunc-abc"):
+            entered.set()
+
+    with exclusive(tmp_path / "env-pyfunc-abc.lock", said.append, "env-pyfunc-abc"):
+        waiting = threading.Thread(target=second)
+        waiting.start()
+        assert not entered.wait(0.5)
+        assert said == ["waiting for another build of env-pyfunc-abc"]
+    assert entered.wait(10)
+    waiting.join()
+
+
 @pytest.mark.parametrize("reason, may_skip", [
     ("KUBECONFIG does not point at a real cluster", True),
     ("needs a GPU: no CUDA device", True),

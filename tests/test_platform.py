@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from benchmarks.reliability.platform import IRIS_REQUEST, REGISTER_IRIS, RunningPlatform
+from benchmarks.polling import answers_ok
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
@@ -281,7 +282,7 @@ def test_a_service_that_dies_is_restarted_while_the_endpoints_keep_serving(platf
             old.kill()
             wait_for(lambda: getattr(service_process(platform, module), "pid", old.pid) != old.pid, 60,
                      f"{module} restarted")
-        wait_for(lambda: httpx.get(f"{platform.url('admin')}/healthz").status_code == 200, 60, "the admin API back")
+        wait_for(lambda: answers_ok(f"{platform.url('admin')}/healthz"), 60, "the admin API back")
         time.sleep(5)  # the new supervisor has looked at its replicas a few times
     assert platform.process.poll() is None and "restarted it" in platform.log()
     assert len(statuses) > 20 and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
