@@ -23,7 +23,7 @@ import psutil
 
 from controlplane import db
 from controlplane.backoff import restart_delay_s
-from controlplane.services import Service, build_services, child_environment, port_in_use
+from controlplane.services import Service, build_services, child_environment, dagster_workspace, port_in_use
 from controlplane.settings import REPO_ROOT, Settings
 from controlplane.webhooks import EVENTS
 
@@ -74,11 +74,16 @@ class Platform:
             secrets = settings.secrets()
             env = child_environment(settings, secrets)
             self._env = env
+            settings.dagster_workspace.write_text(dagster_workspace(settings))
             for service in self.services:
-                self._spawn(service, env)
-            for service in self.services:
+                if service.after is None:
+                    self._spawn(service, env)
+            for service in self.services:  # a service comes after the one it waits for
                 self._wait_healthy(service)
                 self._log(f"{service.name} is up" + (f" at {service.url}" if service.url else ""))
+                for waiting in self.services:
+                    if waiting.after == service.name:
+                        self._spawn(waiting, env)
             if self._stop_requested():
                 raise KeyboardInterrupt("stop requested while starting")
             register_webhook(settings, secrets.webhook_secret)

@@ -1,6 +1,6 @@
 """The services ``modelplane up`` runs, each with its command line and health check, built from
 :class:`~controlplane.settings.Settings`: the OCI registry, MLflow, the admin API, Dagster's
-webserver and daemon, the supervisor, the routers, the autoscaler and, with ``--prometheus``,
+code server, webserver and daemon, the supervisor, the routers, the autoscaler and, with ``--prometheus``,
 Prometheus and its targets writer. :class:`controlplane.platform.Platform` starts and watches them.
 """
 
@@ -19,6 +19,7 @@ import httpx
 from controlplane.settings import OFFLINE_ENV, REPO_ROOT, Secrets, Settings
 
 BIN = Path(sys.executable).parent
+CODE_LOCATION = "modelplane"  # the code location's name, as workspace.yaml names it for `dagster dev`
 
 
 @dataclass
@@ -28,6 +29,7 @@ class Service:
     healthy: Callable[[], bool]
     url: str | None = None
     port: int | None = None
+    after: str | None = None  # started once the service of this name is healthy (its clients need it)
     process: subprocess.Popen | None = field(default=None, repr=False)
 
 
@@ -54,6 +56,33 @@ def _log_says(path: Path, marker: str) -> Callable[[], bool]:
             return False
 
     return check
+
+
+def _socket_accepts(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(2.0)
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def _all_of(*checks: Callable[[], bool]) -> Callable[[], bool]:
+    return lambda: all(check() for check in checks)
+
+
+def dagster_workspace(settings: Settings) -> str:
+    """The workspace ``up`` writes for its webserver and daemon: the one code location, served by
+    the code server it runs. Both connect to it instead of starting code servers of their own,
+    which the daemon would replace every 60 s (``RELOAD_WORKSPACE_INTERVAL`` in Dagster's daemon
+    controller), importing the whole code location again each time."""
+    return ("# Written by `modelplane up`: the code location is served by the code server it runs\n"
+            "# (the dagster-code-server service, logs/dagster-code-server.log).\n"
+            "load_from:\n"
+            "  - grpc_server:\n"
+            f"      socket: {settings.dagster_code_socket}\n"
+            f"      location_name: {CODE_LOCATION}\n")
 
 
 def _dagster_daemon_healthy(dagster_url: str) -> Callable[[], bool]:
@@ -147,21 +176,36 @@ def build_services(settings: Settings) -> list[Service]:
             argv=[sys.executable, "-m", "autoscale.controller"],
             healthy=_log_says(settings.logs_dir / "autoscaler.log", "autoscaler running"),
         ),
+        dagster_code_server(settings),
         Service(
             name="dagster-webserver",
             argv=[str(BIN / "dagster-webserver"), "-h", host, "-p", str(ports.dagster_port),
-                  "-w", str(REPO_ROOT / "workspace.yaml"), "--log-level", "warning"],
+                  "-w", str(settings.dagster_workspace), "--log-level", "warning"],
             healthy=_http_ok(f"{settings.dagster_url}/server_info"),
             url=settings.dagster_url,
             port=ports.dagster_port,
+            after="dagster-code-server",
         ),
         Service(
             name="dagster-daemon",
-            argv=[str(BIN / "dagster-daemon"), "run", "-w", str(REPO_ROOT / "workspace.yaml"), "--log-level", "warning"],
+            argv=[str(BIN / "dagster-daemon"), "run", "-w", str(settings.dagster_workspace), "--log-level", "warning"],
             healthy=_dagster_daemon_healthy(settings.dagster_url),
+            after="dagster-code-server",
         ),
         *prometheus_services(settings),
     ]
+
+
+def dagster_code_server(settings: Settings) -> Service:
+    """The code location (``pipelines.definitions``) in one long-lived gRPC server on a Unix
+    socket, which the webserver and the daemon share (:func:`dagster_workspace`); Dagster runs
+    launched through it start their run workers from it."""
+    sock = settings.dagster_code_socket
+    log = settings.logs_dir / "dagster-code-server.log"
+    return Service(name="dagster-code-server",
+                   argv=[str(BIN / "dagster"), "api", "grpc", "--socket", str(sock), "-m", "pipelines.definitions",
+                         "-d", str(REPO_ROOT), "--location-name", CODE_LOCATION, "--log-level", "info"],
+                   healthy=_all_of(_log_says(log, "Started Dagster code server"), lambda: _socket_accepts(sock)))
 
 
 def supervisor_services(settings: Settings) -> list[Service]:

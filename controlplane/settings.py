@@ -7,7 +7,7 @@ One typed object, built once per process from the environment. Every path lives 
       controlplane.db        control-plane database (SQLite, WAL) unless MODELPLANE_DATABASE_URL
       mlflow/mlflow.db       MLflow backend store
       mlflow/artifacts/      MLflow artifact store
-      dagster/               DAGSTER_HOME (dagster.yaml copied here, run and event storage)
+      dagster/               DAGSTER_HOME (dagster.yaml copied here, the workspace up writes, run and event storage)
       models/                model versions: <model>/v<N>/source (source_model), quantized, eval/
       logs/                  one log file per service started by ``modelplane up``
       secrets.json           webhook secret and MLflow's webhook encryption key (mode 0600)
@@ -16,9 +16,11 @@ One typed object, built once per process from the environment. Every path lives 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
+import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
@@ -158,6 +160,27 @@ class Settings(BaseModel):
     @property
     def dagster_home(self) -> Path:
         return self.home / "dagster"
+
+    @property
+    def dagster_workspace(self) -> Path:
+        """The workspace the webserver and daemon load: the code server ``up`` runs, over its socket."""
+        return self.dagster_home / "workspace.yaml"
+
+    @property
+    def dagster_code_socket(self) -> Path:
+        """The Unix socket of ``up``'s Dagster code server: under DAGSTER_HOME where the path fits a
+        socket address (107 bytes), else in the temporary directory under a name derived from the home.
+
+        >>> Settings(home=Path("/srv/mp"), database_url="sqlite://").dagster_code_socket
+        PosixPath('/srv/mp/dagster/code-server.sock')
+        >>> len(str(Settings(home=Path("/" + "d" * 120), database_url="sqlite://").dagster_code_socket)) < 108
+        True
+        """
+        path = self.dagster_home / "code-server.sock"
+        if len(os.fsencode(path)) < 100:
+            return path
+        digest = hashlib.sha256(os.fsencode(self.home.resolve())).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"modelplane-dagster-{digest}.sock"
 
     @property
     def models_dir(self) -> Path:

@@ -11,13 +11,11 @@ the prefetch set. The seekable form is pushed as an artifact whose ``subject`` i
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +29,7 @@ from images.seekable.build import build_seekable
 from images.seekable.index import DEFAULT_SECTOR_BYTES, SectorIndex
 from images.startup_trace import trace_startup
 from serving.runtime.base import RuntimeConfig
-from serving.runtime.process import free_port
+from serving.runtime.process import exclusive, free_port
 from serving.runtime.registry import runtime_for
 
 
@@ -103,23 +101,6 @@ def trace_files(environment: Environment, env_tree: Path, model_dir: Path, runti
     launch.env["PYTHONPATH"] = ""  # modelplane's packages come from the environment, not this checkout
     return trace_startup(launch, runtime.probe_request(model_dir, config), {"env": env_tree, "model": model_dir},
                          work, port, settings.trace_timeout_s)
-
-
-@contextmanager
-def exclusive(lock_path: Path, log: Callable[[str], None], what: str) -> Iterator[None]:
-    """Hold an exclusive lock on ``lock_path`` (``flock``: released when the holder exits, however it
-    exits), saying so when another builder holds it."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log(f"waiting for another build of {what}")
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def build_serving_image(registry: Registry, repo: str, tag: str, model_dir: Path, runtime: str, runtime_config: dict,

@@ -78,7 +78,7 @@ def test_the_layer_cache_is_the_home_s_unless_a_shared_one_is_named(monkeypatch,
 def test_a_second_builder_of_one_layer_waits_for_the_first(tmp_path):
     import threading
 
-    from images.serving_image import exclusive
+    from serving.runtime.process import exclusive
 
     said, entered = [], threading.Event()
 
@@ -90,7 +90,7 @@ def test_a_second_builder_of_one_layer_waits_for_the_first(tmp_path):
         waiting = threading.Thread(target=second)
         waiting.start()
         assert not entered.wait(0.5)
-        assert said == ["waiting for another build of env-pyfunc-abc"]
+        assert said == ["waiting for another process making env-pyfunc-abc"]
     assert entered.wait(10)
     waiting.join()
 

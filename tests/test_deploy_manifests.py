@@ -355,6 +355,9 @@ def test_components_run_the_commands_modelplane_up_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("MODELPLANE_REGISTRY_URL", "http://registry.invalid")  # no embedded registry on a cluster
     local = {s.name: _program(s.argv) for s in build_services(Settings.from_env())}
     local.pop("supervisor")  # Kubernetes runs the replicas
+    # On a cluster the webserver and the daemon load the code location themselves
+    # (docs/kubernetes.md, "What differs from `modelplane up`").
+    local.pop("dagster-code-server")
     on_cluster = {component(o): _program(pod_spec(o)["containers"][0]["command"]) for o in of_kind("Deployment")}
     assert on_cluster == local
 

@@ -213,6 +213,16 @@ def test_status_shows_each_endpoint_its_revision_replicas_and_traffic_on_the_run
     assert any(line.split("│")[1].strip() == "iris" for line in table.splitlines() if line.count("│") > 2), table
 
 
+def test_one_dagster_code_server_serves_the_webserver_the_daemon_and_every_run(platform):
+    """After minutes of deploys: the code server `up` started is the only one, and it was not
+    replaced (the daemon replaces code servers of its own every 60 s, importing the code again)."""
+    servers = [p for p in platform.processes() if "api grpc" in " ".join(p.cmdline())]
+    assert [s.ppid() for s in servers] == [platform.process.pid], [" ".join(s.cmdline()) for s in servers]
+    assert time.time() - servers[0].create_time() > 120  # the deploy tests above took longer than that
+    workspace = (platform.home / "dagster" / "workspace.yaml").read_text()
+    assert "grpc_server" in workspace and str(platform.home / "dagster" / "code-server.sock") in workspace
+
+
 def platform_processes(platform) -> list[psutil.Process]:
     return platform.processes()
 

@@ -9,12 +9,13 @@ whole session, SIGTERM first.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -112,3 +113,22 @@ def running_server(argv: list[str], env: dict[str, str], port: int, log_path: Pa
         yield base, time.monotonic() - started
     finally:
         stop_server_session(proc)
+
+
+@contextlib.contextmanager
+def exclusive(lock_path: Path, log: Callable[[str], None], what: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_path`` (``flock``: released when the holder exits, however it
+    exits), saying so when another process holds it. Builders of one content-keyed entry (an
+    environment layer, a quantized checkpoint, a gate evaluation) take turns through it, so the
+    second finds what the first made instead of making it again."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another process making {what}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
