@@ -20,13 +20,17 @@ up: envs sysdeps
 # The suite, its modules on parallel workers (tests/run.sh, docs/testing.md), then the fault table
 # alone (its faults are judged against deadlines, so nothing else runs beside it); each part ends
 # with its 25 slowest tests and its total. The platforms both start share one environment-layer
-# cache for the run (MODELPLANE_LAYER_CACHE_DIR), so each environment's image layer is built once.
+# cache for the run (MODELPLANE_LAYER_CACHE_DIR), so each environment's image layer is built once,
+# and the suite's platforms one directory of eval-gate results (MODELPLANE_EVAL_RESULTS_DIR), so
+# a checkpoint two of them deploy is evaluated once.
 LAYER_CACHE := $(CURDIR)/.modelplane-test/layer-cache
+EVAL_RESULTS := $(CURDIR)/.modelplane-test/eval-results
 test: envs sysdeps
-	rm -rf $(LAYER_CACHE)
-	MODELPLANE_LAYER_CACHE_DIR=$(LAYER_CACHE) bash tests/run.sh -m "not faults" $(PYTEST_ARGS)
+	rm -rf $(LAYER_CACHE) $(EVAL_RESULTS)
+	MODELPLANE_LAYER_CACHE_DIR=$(LAYER_CACHE) MODELPLANE_EVAL_RESULTS_DIR=$(EVAL_RESULTS) \
+		bash tests/run.sh -m "not faults" $(PYTEST_ARGS)
 	MODELPLANE_LAYER_CACHE_DIR=$(LAYER_CACHE) $(MAKE) --no-print-directory test-faults
-	rm -rf $(LAYER_CACHE)
+	rm -rf $(LAYER_CACHE) $(EVAL_RESULTS)
 
 # The inner loop: pure logic, contracts and docs; no engine, no `up`, no fault table.
 test-quick: envs sysdeps

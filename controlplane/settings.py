@@ -63,6 +63,9 @@ class Settings(BaseModel):
     # MODELPLANE_LAYER_CACHE_DIR: built environment layers, by environment fingerprint; default
     # <home>/images/cache. Platforms on one machine that name one directory build each layer once.
     layer_cache_dir: Path | None = None
+    # MODELPLANE_EVAL_RESULTS_DIR: the eval gate's results, by (checkpoint content, evaluation set,
+    # engine); default <home>/models/evaluations. Platforms that name one directory evaluate each once.
+    eval_results_dir: Path | None = None
     warm_pool: int = Field(1, ge=0, le=16, description="MODELPLANE_WARM_POOL: pre-started runtime processes per "
                            "runtime kind and environment (0: none)")
     # Where replicas run (cluster/): "local" processes on this machine, or "kubernetes" (docs/kubernetes.md).
@@ -133,6 +136,7 @@ class Settings(BaseModel):
             image_mount=env.get("MODELPLANE_IMAGE_MOUNT", "auto").strip().lower() or "auto",
             image_cache_gib=float(env.get("MODELPLANE_IMAGE_CACHE_GIB", 20)),
             layer_cache_dir=Path(env["MODELPLANE_LAYER_CACHE_DIR"]) if env.get("MODELPLANE_LAYER_CACHE_DIR") else None,
+            eval_results_dir=Path(env["MODELPLANE_EVAL_RESULTS_DIR"]) if env.get("MODELPLANE_EVAL_RESULTS_DIR") else None,
             warm_pool=int(env.get("MODELPLANE_WARM_POOL", 1)),
             host=env.get("MODELPLANE_HOST", "127.0.0.1").strip() or "127.0.0.1",
             cluster=env.get("MODELPLANE_CLUSTER", "local").strip().lower() or "local",

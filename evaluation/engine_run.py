@@ -2,7 +2,8 @@
 
 The engine is started exactly as a replica would be (``VllmRuntime.command``), so what the
 gate measures is what would be served, then stopped with its whole session. Results are kept
-in one store per model store (``<model store>/evaluations/``), one file per evaluation, named
+in one store per model store (``<model store>/evaluations/``, or the directory
+``MODELPLANE_EVAL_RESULTS_DIR`` names, which several platforms may share), one file per evaluation, named
 by what decides its outcome: the checkpoint's content (:func:`content_digest`), the evaluation
 set's fingerprint and the engine (its version and the hardware profile whose kernels it runs).
 So the revision serving now is not evaluated again on every deploy, neither is a version
@@ -22,7 +23,7 @@ from pathlib import Path
 from evaluation.datasets import EvalSet
 from evaluation.engine_eval import EvalResult, evaluate
 from serving.runtime.base import RuntimeConfig
-from serving.runtime.process import free_port, running_server
+from serving.runtime.process import exclusive, free_port, running_server
 from serving.runtime.vllm_runtime import VllmRuntime
 
 EVAL_MODEL_NAME = "candidate"
@@ -127,17 +128,25 @@ def evaluate_checkpoint(model_dir: Path, eval_set: EvalSet, log_path: Path, *, r
                         engine: str = "", log: Callable[[str], None] = print) -> EvalResult:
     """``eval_set`` on ``model_dir`` served by the engine, or the result ``results_dir`` keeps of the
     same evaluation (same checkpoint content, set and ``engine``: the engine's version and the
-    hardware it runs on, as the caller names them). ``results_dir`` None: always evaluated."""
-    if results_dir is not None:
-        digest = content_digest(model_dir)
-        path = result_path(results_dir, digest, eval_set, engine)
+    hardware it runs on, as the caller names them). ``results_dir`` None: always evaluated.
+
+    Evaluations of one result take turns (a lock file beside it): where several platforms name
+    one ``results_dir``, the second waits for the first's result instead of starting an engine."""
+    if results_dir is None:
+        return _evaluated(model_dir, eval_set, log_path, log)
+    digest = content_digest(model_dir)
+    path = result_path(results_dir, digest, eval_set, engine)
+    with exclusive(path.with_suffix(".lock"), log, f"the {eval_set.name} result {path.name}"):
         hit = stored_result(path, digest, eval_set, engine)
         if hit is not None:
             log(f"{model_dir}: {eval_set.name} result from {path} (the same checkpoint, set and engine)")
             return hit
-    log(f"{model_dir}: starting the engine for {eval_set.name} (log: {log_path})")
-    with engine_for(model_dir, log_path) as base:
-        result = evaluate(base, EVAL_MODEL_NAME, eval_set)
-    if results_dir is not None:
+        result = _evaluated(model_dir, eval_set, log_path, log)
         store_result(path, digest, eval_set, engine, result, model_dir)
     return result
+
+
+def _evaluated(model_dir: Path, eval_set: EvalSet, log_path: Path, log: Callable[[str], None]) -> EvalResult:
+    log(f"{model_dir}: starting the engine for {eval_set.name} (log: {log_path})")
+    with engine_for(model_dir, log_path) as base:
+        return evaluate(base, EVAL_MODEL_NAME, eval_set)

@@ -46,7 +46,8 @@ def build_resources(settings: Settings, environ=os.environ) -> dict:
                                    runtime_image=settings.k8s_runtime_image, models_claim=settings.k8s_models_claim,
                                    home_path=str(settings.home)),
         "registry": RegistryResource(tracking_uri=settings.mlflow_tracking_uri),
-        "model_store": ModelStoreResource(root_dir=str(settings.models_dir)),
+        "model_store": ModelStoreResource(root_dir=str(settings.models_dir), evaluations_root=str(settings.eval_results_dir)
+                                          if settings.eval_results_dir else None),
         "quantizer": QuantizerResource(python=str(settings.quantize_python)),
         "images": ImagesResource(mode=settings.images, registry_url=settings.registry_url,
                                  work_dir=str(settings.images_dir),

@@ -113,6 +113,9 @@ class ModelStoreResource(ConfigurableResource):
     """Local directory where deploy steps keep downloaded and derived model files."""
 
     root_dir: str = Field(description="Directory under MODELPLANE_HOME, e.g. .modelplane/models.")
+    evaluations_root: str | None = Field(None, description="The eval gate's results (default: <root_dir>/evaluations). "
+                                         "Platforms that name one directory evaluate each checkpoint once; one waits "
+                                         "for another.")
 
     def version_dir(self, model: str, version: str, step: str) -> Path:
         return Path(self.root_dir) / model / f"v{version}" / step
@@ -125,7 +128,7 @@ class ModelStoreResource(ConfigurableResource):
     def evaluations_dir(self) -> Path:
         """The eval gate's results, one file per (checkpoint content, evaluation set, engine), shared by
         every version (``evaluation.engine_run``)."""
-        return Path(self.root_dir) / "evaluations"
+        return Path(self.evaluations_root) if self.evaluations_root else Path(self.root_dir) / "evaluations"
 
 
 class ImagesResource(ConfigurableResource):

