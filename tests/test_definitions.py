@@ -64,26 +64,20 @@ def test_the_database_url_is_held_by_the_name_of_its_variable_so_the_ui_never_sh
         assert "s3cret" not in repr(resources[key])
 
 
-def test_the_layer_cache_is_the_home_s_unless_a_shared_one_is_named(monkeypatch, tmp_path):
+@pytest.mark.parametrize("variable, where, default", [
+    ("MODELPLANE_LAYER_CACHE_DIR", lambda r: r["images"].layer_cache(), ("images", "cache")),
+    ("MODELPLANE_EVAL_RESULTS_DIR", lambda r: r["model_store"].evaluations_dir(), ("models", "evaluations")),
+], ids=["the environment-layer cache", "the eval gate's results"])
+def test_a_store_platforms_may_share_is_the_home_s_unless_a_shared_one_is_named(monkeypatch, tmp_path, variable,
+                                                                                   where, default):
     from controlplane.settings import Settings
     from pipelines.definitions import build_resources
 
     monkeypatch.setenv("MODELPLANE_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("MODELPLANE_LAYER_CACHE_DIR", raising=False)
-    assert build_resources(Settings.from_env())["images"].layer_cache() == tmp_path / "home" / "images" / "cache"
-    monkeypatch.setenv("MODELPLANE_LAYER_CACHE_DIR", str(tmp_path / "shared"))
-    assert build_resources(Settings.from_env())["images"].layer_cache() == tmp_path / "shared"
-
-
-def test_the_eval_gate_keeps_its_results_in_the_home_unless_a_shared_directory_is_named(monkeypatch, tmp_path):
-    from controlplane.settings import Settings
-    from pipelines.definitions import build_resources
-
-    monkeypatch.setenv("MODELPLANE_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("MODELPLANE_EVAL_RESULTS_DIR", raising=False)
-    assert build_resources(Settings.from_env())["model_store"].evaluations_dir() == tmp_path / "home" / "models" / "evaluations"
-    monkeypatch.setenv("MODELPLANE_EVAL_RESULTS_DIR", str(tmp_path / "shared"))
-    assert build_resources(Settings.from_env())["model_store"].evaluations_dir() == tmp_path / "shared"
+    monkeypatch.delenv(variable, raising=False)
+    assert where(build_resources(Settings.from_env())) == tmp_path.joinpath("home", *default)
+    monkeypatch.setenv(variable, str(tmp_path / "shared"))
+    assert where(build_resources(Settings.from_env())) == tmp_path / "shared"
 
 
 def test_a_second_builder_of_one_layer_waits_for_the_first(tmp_path):
