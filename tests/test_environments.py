@@ -56,3 +56,15 @@ def test_the_environments_hold_their_bytecode(venv, package):
     compiled = {p.parent.parent.relative_to(site / package) / p.name.split(".")[0]
                 for p in (site / package).rglob("__pycache__/*.pyc")}
     assert sources and len(sources - compiled) <= len(sources) // 100, sorted(sources - compiled)[:10]
+
+
+@pytest.mark.parametrize("package", ["serving", "controlplane", "pipelines"])
+def test_the_suite_runs_modelplanes_own_modules_compiled(package):
+    """tests/run.sh compiles them first: an editable install leaves them as sources, and every
+    service, run worker and replica of the run would compile what it imports again."""
+    import importlib.util
+
+    sources = list((REPO / package).rglob("*.py"))
+    stale = [p for p in sources if not Path(importlib.util.cache_from_source(str(p))).is_file()
+             or Path(importlib.util.cache_from_source(str(p))).stat().st_mtime < p.stat().st_mtime]
+    assert sources and stale == [], [str(p.relative_to(REPO)) for p in stale[:10]]
