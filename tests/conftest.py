@@ -9,6 +9,10 @@ import os
 # off (controlplane.settings.OFFLINE_ENV); so do the tests, whose offline checks would see it.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+# No test reaches a model hub, and `up`'s processes run offline (OFFLINE_ENV). transformers writes
+# the mode into a logged tokenizer's config, read when huggingface_hub is imported: a model logged
+# here then has the same files as one logged by `up`'s processes, and the gate's results are shared.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import uuid
 from pathlib import Path
 
