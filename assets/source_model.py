@@ -8,8 +8,8 @@ flavor, parameter count, signature and size as materialization metadata.
 
 import time
 
-from dagster import (AssetExecutionContext, Backoff, DynamicPartitionsDefinition, MetadataValue, Output, RetryPolicy,
-                     asset)
+from dagster import (AssetExecutionContext, Backoff, DynamicPartitionsDefinition, Failure, MetadataValue, Output,
+                     RetryPolicy, asset)
 
 from assets.catalog import GROUP, OWNERS, step_tags
 from assets.metadata import links, markdown_table, mlflow_run_url, mlflow_version_url
@@ -39,7 +39,11 @@ def source_model(
 ) -> Output[dict]:
     model, version = parse_partition_key(context.partition_key)
     client = registry.client()
-    registered = client.model_version(model, version)
+    try:
+        registered = client.model_version(model, version)
+    except KeyError as exc:  # the registry answered: no such version, and waiting will not make one
+        raise Failure(description=f"{exc.args[0]} in the MLflow registry; nothing to deploy",
+                      allow_retries=False) from None
     started = time.monotonic()
     local_dir = client.download(model, version, model_store.version_dir(model, version, "source"))
     download_s = time.monotonic() - started

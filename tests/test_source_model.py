@@ -76,7 +76,9 @@ def test_an_unregistered_version_fails_the_step_with_its_name(registry_uri, tmp_
                    "model_store": ModelStoreResource(root_dir=str(tmp_path / "store"))},
     )
     assert not result.success
-    assert "ghost" in str(result.get_step_failure_events()[0].step_failure_data.error)
+    [failure] = result.get_step_failure_events()
+    assert "ghost version 4 is not registered" in str(failure.step_failure_data.user_failure_data.description)
+    assert not [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]  # a decision: not retried
     assert not (tmp_path / "store" / "ghost").exists()
 
 
