@@ -1,5 +1,6 @@
 """The local cluster backend for real: the supervisor runs pyfunc replicas of the iris model."""
 
+import contextlib
 import os
 import signal
 import threading
@@ -215,6 +216,7 @@ def test_a_new_supervisor_adopts_the_healthy_replicas_of_one_that_crashed(superv
 
     before = {r.replica_id: r for r in two_ready_replicas(crashed, cluster)}
     pids = {rid: m._process.pid for rid, m in crashed.replicas.items()}
+    leaders = [psutil.Process(pid) for pid in pids.values()]  # who they are, should a pid be reused later
     for managed in crashed.replicas.values():  # the supervisor dies; its replica processes do not
         managed._stop.set()
     os.kill(pids["iris-r1-1"], signal.SIGKILL)  # … except this one, which a new supervisor must restart
@@ -223,16 +225,17 @@ def test_a_new_supervisor_adopts_the_healthy_replicas_of_one_that_crashed(superv
     try:
         check_adoption(supervisor, cluster, pids, before)
     finally:
-        kill_groups(pids.values())  # whatever the test left of the crashed supervisor's replicas
+        kill_groups(leaders)  # whatever the test left of the crashed supervisor's replicas
         engine.dispose()
 
 
-def kill_groups(pids) -> None:
-    for pid in pids:
-        try:
-            os.killpg(pid, signal.SIGKILL)  # replicas lead their own process group
-        except ProcessLookupError:
-            pass
+def kill_groups(leaders: list[psutil.Process]) -> None:
+    """SIGKILL the process groups these replicas lead, if they are still those processes: a pid
+    that died earlier may lead another test's group by now (the suite runs on parallel workers)."""
+    for leader in leaders:
+        if leader.is_running():  # psutil compares the start time: False for a reused pid
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(leader.pid, signal.SIGKILL)  # replicas lead their own process group
 
 
 def check_adoption(supervisor, cluster, pids, before) -> None:
@@ -266,6 +269,7 @@ def test_a_new_supervisor_adopts_the_replica_a_victim_left_behind_without_renami
     crashed.reconcile_once()  # stops the victim, and waits for it
     assert [r.replica_id for r in cluster.replicas("iris-r1")] == ["iris-r1-1"]
     pid = crashed.replicas["iris-r1-1"]._process.pid
+    leader = psutil.Process(pid)
     crashed.replicas["iris-r1-1"]._stop.set()  # the supervisor dies; its replica process does not
 
     supervisor = Supervisor(engine, tmp_path / "logs", SupervisorConfig(restart_backoff_initial_s=0.2))
@@ -279,7 +283,7 @@ def test_a_new_supervisor_adopts_the_replica_a_victim_left_behind_without_renami
         assert survivor.replica_id == "iris-r1-1" and predict(survivor.url).status_code == 200
     finally:
         supervisor.stop_all()
-        kill_groups([pid])
+        kill_groups([leader])
         engine.dispose()
 
 
