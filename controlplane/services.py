@@ -6,6 +6,7 @@ Prometheus and its targets writer. :class:`controlplane.platform.Platform` start
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -81,7 +82,7 @@ def dagster_workspace(settings: Settings) -> str:
             "# (the dagster-code-server service, logs/dagster-code-server.log).\n"
             "load_from:\n"
             "  - grpc_server:\n"
-            f"      socket: {settings.dagster_code_socket}\n"
+            f"      socket: {json.dumps(str(settings.dagster_code_socket))}\n"  # quoted: any path is valid YAML
             f"      location_name: {CODE_LOCATION}\n")
 
 

@@ -5,6 +5,8 @@ A running platform is checked in tests/test_platform.py (one code server after m
 
 from pathlib import Path
 
+import pytest
+
 from controlplane.services import build_services, dagster_workspace
 from controlplane.settings import Settings
 
@@ -28,11 +30,12 @@ def test_the_webserver_and_the_daemon_start_after_the_code_server_and_load_the_w
     assert [s.name for s in services if s.after] == ["dagster-webserver", "dagster-daemon"]
 
 
-def test_the_workspace_is_one_grpc_server_location_on_the_code_servers_socket(tmp_path):
+@pytest.mark.parametrize("home", ["home", "a: #b"])  # YAML would read an unquoted "a: #b" wrongly
+def test_the_workspace_is_one_grpc_server_location_on_the_code_servers_socket(tmp_path, home):
     from dagster._core.remote_origin import GrpcServerCodeLocationOrigin
     from dagster._core.workspace.load import location_origins_from_yaml_paths
 
-    settings = settings_at(tmp_path)
+    settings = settings_at(tmp_path / home)
     settings.dagster_workspace.parent.mkdir(parents=True)
     settings.dagster_workspace.write_text(dagster_workspace(settings))
     [origin] = location_origins_from_yaml_paths([str(settings.dagster_workspace)])
