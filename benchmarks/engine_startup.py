@@ -15,17 +15,19 @@ check, so that one that costs throughput shows:
   whole KV cache before it serves; the runtime sizes it at half the free memory (4-7 GiB here,
   pinned for the other variants to what it sized at the benchmark's start); 1 GiB still holds
   46,592 SmolLM2 tokens (8 GEC requests in flight need about 800);
-- ``inproc_worker``: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the CPU worker runs inside the engine
-  core process instead of a third process that imports vLLM again; vLLM then skips its OpenMP
-  thread binding (``vllm/platforms/cpu.py`` keeps the ``uni`` executor);
+- ``mp_executor``: ``VllmSettings(cpu_executor="mp")``, vLLM's CPU default: the model runs in a
+  third process, a worker that imports vLLM again, instead of in the engine core (the runtime's
+  ``uni`` executor since 2026-12-05, with the OpenMP threads bound through ``OMP_PLACES``);
 
 Figures (2 shared cores, other jobs running, ``--json`` of 2026-12-01, medians of 3 with
 min-max): cold 40.2 s (36.0-68.3) to the first answered inference, warm 29.2 s (27.8-31.4),
 ratio 0.73. ``kv_cache_1gib`` 28.6 s: allocating 4 GiB took 1-2 s of the engine's
 initialisation on a quiet machine but 8-15 s while other jobs held memory (1 GiB: 0.3-1.7 s);
 worth it where memory is contended, not kept here (the runtime's sizing is
-``VllmSettings.kv_cache_max_gib``). ``inproc_worker`` 19.1 s, but it runs without thread
-binding and its throughput was 0.40 of the anchor's (47.5 against 118.4 tokens/s): not kept.
+``VllmSettings.kv_cache_max_gib``). The in-process worker (then a variant, without thread
+binding) 19.1 s, throughput 0.40 of the anchor's (47.5 against 118.4 tokens/s) on that noisy
+machine; on a quiet one (2026-12-05, 3 alternating runs) it was 10-15 % faster than the worker
+process at concurrency 1-32 and started 10 s sooner, and became the runtime's default.
 The throughput check itself moved 3-5x between runs of the same engine (anchor 35-124,
 ours 71-188 tokens/s; the warm replica's engine core and worker are the cold one's, freshly
 spawned), so a single ratio of medians says little on this machine.
@@ -72,7 +74,7 @@ VARIANTS = {
     "anchor_cold": Variant(warm=False),
     "ours_warm": Variant(warm=True),
     "warm+kv_cache_1gib": Variant(warm=True, settings={"kv_cache_max_gib": 1}),
-    "warm+inproc_worker": Variant(warm=True, extra_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
+    "warm+mp_executor": Variant(warm=True, settings={"cpu_executor": "mp"}),
 }
 PINNED_KV_CACHE_MAX_GIB = 4  # 8 GiB (half of what was free) got a worker killed while other jobs ran
 

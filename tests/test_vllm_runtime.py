@@ -137,21 +137,54 @@ def test_cpu_command_runs_vllms_own_server_with_sized_settings(tiny_model_dir, m
     assert flag("--api-server-count") == "2"
     assert flag("--max-model-len") == "512"  # the tiny Llama's context; the KV cache holds far more
     assert "--enforce-eager" in argv
+    assert flag("--distributed-executor-backend") == "uni"  # the model runs in the engine-core process
     assert launch.env | {} == {
         "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
-        "OMP_NUM_THREADS": "2", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "1",
-        "MODELPLANE_AMX": "auto"}
+        "OMP_NUM_THREADS": "2", "OMP_PLACES": "{0,1}", "OMP_PROC_BIND": "true", "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "MODELPLANE_AMX": "auto"}
 
 
-@pytest.mark.parametrize("cpu_cores, allowed, threads, bind", [
-    (1.5, {0, 1, 2, 3}, "1", "0"),
-    (4, {0, 1, 2, 3}, "4", "0-3"),
-    (3, {8, 9, 10, 11}, "3", "8-10"),
-    (16, {0, 1}, "2", "0-1"),
+def test_the_mp_executor_leaves_the_worker_process_and_its_binding_to_vllm(tiny_model_dir):
+    launch = cpu_runtime(VllmSettings(cpu_executor="mp")).command(tiny_model_dir, "127.0.0.1", 1,
+                                                                  RuntimeConfig("m", cpu_cores=2))
+    assert "--distributed-executor-backend" not in launch.argv
+    assert launch.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert not {"VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_PLACES", "OMP_PROC_BIND"} & launch.env.keys()
+
+
+def test_the_mp_executor_reserves_memory_for_its_worker_process(tiny_model_dir, monkeypatch):
+    # The tiny Llama's 128 × 512 tokens would cap its KV cache at 1 GiB: lift that ceiling to see the reserve.
+    monkeypatch.setattr("serving.runtime.vllm_runtime.CPU_DEFAULT_MAX_NUM_SEQS", 2**20)
+
+    def kv_gib(executor):
+        runtime = VllmRuntime(VllmSettings(cpu_executor=executor, kv_cache_share=1.0), accelerator="cpu",
+                              allowed_cpus=lambda: {0, 1}, memory_bytes=lambda node: 10 * GIB)
+        return int(runtime.command(tiny_model_dir, "127.0.0.1", 1, RuntimeConfig("m", cpu_cores=2)).env[
+            "VLLM_CPU_KVCACHE_SPACE"])
+
+    assert kv_gib("uni") - kv_gib("mp") == 1  # one process of PROCESS_OVERHEAD_GIB more
+
+
+def test_the_cpu_executor_follows_its_environment_variable_and_refuses_nonsense(monkeypatch):
+    monkeypatch.setenv("MODELPLANE_VLLM_CPU_EXECUTOR", "mp")
+    assert VllmSettings().cpu_executor == "mp"
+    monkeypatch.setenv("MODELPLANE_VLLM_CPU_EXECUTOR", "ray")
+    with pytest.raises(ValueError, match="MODELPLANE_VLLM_CPU_EXECUTOR must be uni or mp"):
+        VllmSettings()
+    monkeypatch.delenv("MODELPLANE_VLLM_CPU_EXECUTOR")
+    with pytest.raises(ValueError, match="cpu_executor must be one of uni, mp"):
+        VllmSettings(cpu_executor="ray")
+
+
+@pytest.mark.parametrize("cpu_cores, allowed, threads, places", [
+    (1.5, {0, 1, 2, 3}, "1", "{0}"),
+    (4, {0, 1, 2, 3}, "4", "{0,1,2,3}"),
+    (3, {8, 9, 10, 11}, "3", "{8,9,10}"),
+    (16, {0, 1}, "2", "{0,1}"),
 ])
-def test_cgroup_quota_sets_threads_and_bind_list(tiny_model_dir, cpu_cores, allowed, threads, bind):
+def test_cgroup_quota_sets_threads_and_bind_list(tiny_model_dir, cpu_cores, allowed, threads, places):
     env = cpu_runtime(allowed=allowed).command(tiny_model_dir, "127.0.0.1", 1, RuntimeConfig("m", cpu_cores=cpu_cores)).env
-    assert (env["OMP_NUM_THREADS"], env["VLLM_CPU_OMP_THREADS_BIND"]) == (threads, bind)
+    assert (env["OMP_NUM_THREADS"], env["OMP_PLACES"]) == (threads, places)
 
 
 def test_without_cpu_cores_the_quota_of_this_machine_is_used(tiny_model_dir):
@@ -167,7 +200,7 @@ def test_settings_switch_off_binding_and_add_jemalloc(tiny_model_dir):
     runtime = cpu_runtime(VllmSettings(bind_threads=False, preload_jemalloc=True, enforce_eager_on_cpu=False,
                                        max_model_len_tokens=256, extra_args=("--max-num-seqs", "32")))
     launch = runtime.command(tiny_model_dir, "127.0.0.1", 1, RuntimeConfig("m", cpu_cores=2))
-    assert "VLLM_CPU_OMP_THREADS_BIND" not in launch.env  # vLLM's own "auto" then applies
+    assert not {"VLLM_CPU_OMP_THREADS_BIND", "OMP_PLACES", "OMP_PROC_BIND"} & launch.env.keys()  # not bound
     assert "--enforce-eager" not in launch.argv
     assert launch.argv[launch.argv.index("--max-model-len") + 1] == "256"
     assert launch.argv[-2:] == ["--max-num-seqs", "32"]
@@ -279,7 +312,8 @@ def live_server(tmp_path_factory):
     log_tiny_llama(uri, build_tiny_llama(root / "tiny"), registered_model_name="tiny-llm")
     model_dir = MlflowRegistry(uri).download("tiny-llm", "1", root / "downloaded")
 
-    runtime, config, port = VllmRuntime(), RuntimeConfig(model_name="tiny"), free_port()
+    # One core: the engine's threads are then bound to a strict subset of this machine's cores.
+    runtime, config, port = VllmRuntime(), RuntimeConfig(model_name="tiny", cpu_cores=1), free_port()
     launch = runtime.command(model_dir, "127.0.0.1", port, config)
     log_path = root / "server.log"
     with open(log_path, "w") as log:
@@ -446,7 +480,7 @@ def test_the_amx_mode_comes_from_the_environment_and_a_wrong_one_is_refused(monk
 
 @pytest.mark.slow
 def test_live_every_engine_process_holds_amx_state_exactly_where_the_cpu_has_amx(live_server):
-    """Each vLLM process (API server, engine core, worker) ran the plugin and read its permission
+    """Each vLLM process (API server, engine core running the model) ran the plugin and read its permission
     back with arch_prctl(ARCH_GET_XCOMP_PERM): XTILEDATA permitted on AMX CPUs, never asked elsewhere."""
     import httpx
     import psutil
@@ -459,7 +493,7 @@ def test_live_every_engine_process_holds_amx_state_exactly_where_the_cpu_has_amx
     assert response.status_code == 200, response.text  # the kernels ran, and nothing died
     engine_pids = {p.pid for p in psutil.process_iter() if _in_session(p, live_server["pid"])
                    and "resource_tracker" not in " ".join(p.cmdline())}
-    assert len(engine_pids) >= 3  # API server, engine core, worker
+    assert len(engine_pids) >= 2  # API server, engine core (the "uni" executor runs the model in it)
     lines = amx_log_lines(live_server["log_path"].read_text())
     assert engine_pids <= set(lines), f"processes without an AMX line: {engine_pids - set(lines)}"
     cpu_has_amx = torch.cpu._is_amx_tile_supported()
@@ -467,6 +501,24 @@ def test_live_every_engine_process_holds_amx_state_exactly_where_the_cpu_has_amx
         status, mask = lines[pid]
         assert status == ("granted" if cpu_has_amx else "absent"), (pid, status)
         assert mask is not None and tile_data_permitted(mask) is cpu_has_amx
+
+
+@pytest.mark.slow
+def test_live_the_engine_computes_on_the_replicas_cores_only(live_server):
+    """The engine core, which runs the model, has its OpenMP threads bound to the one core the
+    replica was given (``OMP_PLACES``): vLLM binds nothing itself when it runs in one process."""
+    import psutil
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.fail("needs 2 cores to tell a bound engine from an unbound one")
+    cores = live_server["runtime"].command(live_server["model_dir"], "127.0.0.1", 1, live_server["config"]).env[
+        "OMP_PLACES"]
+    engine_cores = [p for p in psutil.process_iter(["name"]) if _in_session(p, live_server["pid"])
+                    and "EngineCore" in " ".join(p.cmdline())]
+    assert len(engine_cores) == 1, engine_cores
+    threads = engine_cores[0].threads()
+    affinities = {tid.id: sorted(os.sched_getaffinity(tid.id)) for tid in threads}
+    assert affinities[engine_cores[0].pid] == [int(cores.strip("{}"))], affinities  # the model's own thread
 
 
 def _in_session(process, session_id: int) -> bool:
@@ -496,7 +548,7 @@ def test_a_checkpoint_with_a_kv_cache_scheme_runs_with_an_fp8_kv_cache(tiny_mode
 def test_thread_binding_follows_its_environment_variable_and_refuses_nonsense(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("MODELPLANE_VLLM_BIND_THREADS", "false")
     env = cpu_runtime(VllmSettings()).command(tiny_model_dir, "127.0.0.1", 8000, RuntimeConfig("m")).env
-    assert "VLLM_CPU_OMP_THREADS_BIND" not in env  # vLLM then picks its own ("auto")
+    assert not {"VLLM_CPU_OMP_THREADS_BIND", "OMP_PLACES"} & env.keys()
     monkeypatch.setenv("MODELPLANE_VLLM_BIND_THREADS", "sometimes")
     with pytest.raises(ValueError, match="MODELPLANE_VLLM_BIND_THREADS must be true or false"):
         VllmSettings()

@@ -15,7 +15,7 @@ pandas, numpy) after 1.5-2 s. A warm vLLM replica answered its first request aft
 against 40.2 s cold (medians of 3). A kind costs nothing until it is used: a key is warmed
 only after its first replica start (or an explicit :meth:`WarmPool.warm`), and refills wait
 ``refill_delay_s`` after a start, so that a zygote's imports (10-14 CPU-seconds for vLLM) are
-not taken from the cores of the replica that is starting, whose engine core and worker import
+not taken from the cores of the replica that is starting, whose engine core imports
 vLLM again at the same moment.
 
 The pool is a level-triggered reconciler: :func:`~cluster.local.warm_pool_plan.plan` compares the zygotes there are with the

@@ -13,6 +13,16 @@ and environment of ``python -m vllm.entrypoints.openai.api_server`` for one repl
   default, compiled vLLM (docs/benchmarks.md: equal at concurrency 16, eager slower at 1
   and 4, on a noisy machine). On CUDA eager mode would give up CUDA graphs, a large loss
   for small models, so it is set on CPU only (``VllmSettings``);
+- on CPU, the model runs in the engine-core process (``--distributed-executor-backend uni``
+  with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, without which vLLM's CPU platform turns ``uni``
+  back into ``mp``): vLLM's CPU default is a third process, a worker that imports torch and
+  vLLM again and that the engine core talks to through shared memory. On 2 cores of an Intel
+  Xeon (2026-12-05, quiet machine, 3 alternating runs each): SmolLM2 healthy in 26-28 s instead
+  of 37-41 s, and 9-15 % more output tokens/s at concurrency 1, 8 and 32 (greedy outputs the
+  same, request by request); the tiny Llama 9.5 CPU-s less per start (docs/benchmarks.md). The worker's OpenMP threads are bound as vLLM binds them in
+  its own worker (``OMP_PLACES``/``OMP_PROC_BIND``), since vLLM binds nothing itself in one
+  process; ``VllmSettings.cpu_executor = "mp"`` ($MODELPLANE_VLLM_CPU_EXECUTOR) restores vLLM's
+  default;
 - on CPU only: the AMX mode for :mod:`serving.runtime.vllm_plugin`, which every vLLM process
   runs first (AMX state requested where the CPU has it, or vLLM kept off its AMX kernels;
   ``VllmSettings.amx``), OpenMP threads bound to the replica's cores (from the cgroup quota, see
@@ -58,6 +68,9 @@ JEMALLOC_PATHS = ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch6
 # What a replica needs besides weights and KV cache: the API server and engine processes
 # (Python, torch, tokenizer) come to about 1 GiB each on CPU.
 PROCESS_OVERHEAD_GIB = 1.0
+# How vLLM runs the model on CPU (``--distributed-executor-backend``): "uni" in the engine-core
+# process, "mp" in a worker process of its own (vLLM's CPU default).
+CPU_EXECUTORS = ("uni", "mp")
 # vLLM's CPU default for --max-num-seqs with the OpenAI server (engine/arg_utils.py).
 CPU_DEFAULT_MAX_NUM_SEQS = 128
 
@@ -74,6 +87,18 @@ def bind_threads_from_env(environ=os.environ) -> bool:
     return value in ("true", "1")
 
 
+def cpu_executor_from_env(environ=os.environ) -> str:
+    """``MODELPLANE_VLLM_CPU_EXECUTOR``: "uni" (the default) or "mp"; anything else is an error.
+
+    >>> cpu_executor_from_env({}), cpu_executor_from_env({"MODELPLANE_VLLM_CPU_EXECUTOR": "mp"})
+    ('uni', 'mp')
+    """
+    value = environ.get("MODELPLANE_VLLM_CPU_EXECUTOR", "uni").strip().lower()
+    if value not in CPU_EXECUTORS:
+        raise ValueError(f"MODELPLANE_VLLM_CPU_EXECUTOR must be uni or mp, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class VllmSettings:
     """Settings of the vLLM runtime that do not come from the endpoint spec.
@@ -88,10 +113,14 @@ class VllmSettings:
     enforce_eager_on_cuda: bool = False  # CUDA graphs are worth their capture time on GPUs
     kv_cache_share: float = 0.5
     kv_cache_max_gib: int | None = None  # a ceiling, e.g. to pack several replicas on one node
-    # VLLM_CPU_OMP_THREADS_BIND = the replica's cores (else vLLM's "auto": 1 thread, 1 core left free).
+    # The engine's OpenMP threads bound to the replica's cores (``thread_binding_env``); false: not
+    # bound ("uni"), vLLM's "auto" ("mp": 1 thread, 1 core left free).
     # Default: $MODELPLANE_VLLM_BIND_THREADS (true/false), else true; fragile on shared cores
     # (docs/benchmarks.md, runtime_vs_vllm).
     bind_threads: bool = field(default_factory=lambda: bind_threads_from_env())
+    # On CPU, "uni": the model runs in the engine-core process; "mp": in a worker process of its
+    # own, vLLM's CPU default (the module docstring). Default: $MODELPLANE_VLLM_CPU_EXECUTOR, else "uni".
+    cpu_executor: str = field(default_factory=lambda: cpu_executor_from_env())
     preload_jemalloc: bool = False  # LD_PRELOAD jemalloc when installed: far slower here (docs/benchmarks.md)
     uvicorn_access_log: bool = False  # one log line per request costs CPU on a busy replica
     extra_args: tuple[str, ...] = ()
@@ -108,6 +137,8 @@ class VllmSettings:
             raise ValueError(f"kv_cache_share must be in (0, 1], got {self.kv_cache_share}")
         if self.amx not in amx.MODES:
             raise ValueError(f"amx must be one of {', '.join(amx.MODES)}, got {self.amx!r}")
+        if self.cpu_executor not in CPU_EXECUTORS:
+            raise ValueError(f"cpu_executor must be one of {', '.join(CPU_EXECUTORS)}, got {self.cpu_executor!r}")
 
 
 # ---- pure sizing -------------------------------------------------------------------------
@@ -139,6 +170,24 @@ def format_cpu_list(cpu_ids: Iterable[int]) -> str:
             ranges.append(str(start) if start == previous else f"{start}-{previous}")
         start = previous = cpu_id
     return ",".join(ranges)
+
+
+def thread_binding_env(cores: Iterable[int], executor: str) -> dict[str, str]:
+    """The environment that binds the engine's OpenMP threads to ``cores``.
+
+    "mp": vLLM binds its worker process from ``VLLM_CPU_OMP_THREADS_BIND``. "uni": vLLM binds
+    nothing (its ``OMPProcessManager`` runs only when it starts workers), so the OpenMP runtime
+    is told directly, with what vLLM's manager gives a worker when neither libiomp nor libgomp
+    is preloaded.
+
+    >>> thread_binding_env([0, 1], "uni")
+    {'OMP_PLACES': '{0,1}', 'OMP_PROC_BIND': 'true'}
+    >>> thread_binding_env([2, 3], "mp")
+    {'VLLM_CPU_OMP_THREADS_BIND': '2-3'}
+    """
+    if executor == "mp":
+        return {"VLLM_CPU_OMP_THREADS_BIND": format_cpu_list(cores)}
+    return {"OMP_PLACES": "{" + ",".join(str(c) for c in sorted(set(cores))) + "}", "OMP_PROC_BIND": "true"}
 
 
 def kv_cache_gib(available_bytes: int, reserved_bytes: int, kv_bytes_per_token: int | None,
@@ -259,6 +308,8 @@ class VllmRuntime:
         if self.accelerator == "cpu":
             cpu_env, model_len = self._cpu_sizing(layout, config)
             env |= cpu_env
+            if s.cpu_executor == "uni":
+                argv += ["--distributed-executor-backend", "uni"]
             if s.enforce_eager_on_cpu:
                 argv.append("--enforce-eager")
         else:
@@ -282,13 +333,16 @@ class VllmRuntime:
         per_token = layout.kv_bytes_per_token(layout.kv_cache_dtype if layout.kv_cache_dtype != "auto" else s.dtype)
         context = s.max_model_len_tokens or layout.context_tokens
         wanted = CPU_DEFAULT_MAX_NUM_SEQS * context if context else None
-        processes = config.api_server_count + 1  # API servers + the engine core
+        # API servers + the engine core (+ its worker process with the "mp" executor)
+        processes = config.api_server_count + (1 if s.cpu_executor == "uni" else 2)
         reserved = layout.weights_bytes + int(processes * PROCESS_OVERHEAD_GIB * GIB)
         kv_gib = kv_cache_gib(self._memory_bytes(numa_node_of(cores[0])), reserved, per_token,
                               wanted, s.kv_cache_share, s.kv_cache_max_gib)
         env = {"OMP_NUM_THREADS": str(len(cores)), "VLLM_CPU_KVCACHE_SPACE": str(kv_gib), **self._amx_env()}
+        if s.cpu_executor == "uni":
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # else vLLM's CPU platform turns "uni" into "mp"
         if s.bind_threads:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = format_cpu_list(cores)
+            env |= thread_binding_env(cores, s.cpu_executor)
         if s.preload_jemalloc and (jemalloc := jemalloc_path()):
             env["LD_PRELOAD"] = ":".join(filter(None, [jemalloc, os.environ.get("LD_PRELOAD", "")]))
         return env, max_model_len(layout.context_tokens, kv_gib, per_token, s.max_model_len_tokens)

@@ -12,7 +12,7 @@ its exit status is the replica's. :mod:`cluster.local.warm_pool` keeps these per
 What it saves is the replica process's own imports: for vLLM's API server about 11 s here
 (SmolLM2, first answered inference 40.2 s cold → 29.2 s warm, medians of 3 alternating
 repeats; the zygote's own import took 9.6-13.3 s beforehand), for the pyfunc server about 2 s.
-vLLM on CPU starts its engine core and its worker with the ``spawn`` method, always
+vLLM on CPU starts its engine core (and, with the ``mp`` executor, a worker) with the ``spawn`` method, always
 (``vllm/platforms/cpu.py`` sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn``
 whatever the environment says, because each worker must load PyTorch's libgomp through
 ``LD_PRELOAD`` and bind its OpenMP threads before anything else starts them); those children
