@@ -295,14 +295,20 @@ def served_endpoint(
         if spec.scaling.max_replicas > fit:
             context.log.warning(f"{spec.name}: scaling.max_replicas is {spec.scaling.max_replicas} but "
                                 f"{capacity.where} holds {fit} such replicas; the autoscaler stops at {fit}")
-        current = revisions.traffic().get(spec.name)
-        current_revision = revisions.get(current) if current else None
-        if current_revision is not None and current_revision.partition_key == context.partition_key:
-            context.log.info(f"{spec.name}: already serves {context.partition_key} ({current})")
-            served.append({"endpoint": spec.name, "revision": current, "previous_revision": None, "runtime": runtime,
-                           "replicas": current_revision.desired_replicas, "checkpoint": checkpoint.label,
-                           "target_concurrency": cost_model["target_concurrency"], "time_to_ready_s": 0.0,
-                           "url": f"{control_plane.router_url}/serving-endpoints/{spec.name}/invocations"})
+        def serving_this_version() -> dict | None:
+            """The endpoint's entry when its traffic is on a revision of this version already."""
+            current = revisions.traffic().get(spec.name)
+            current_revision = revisions.get(current) if current else None
+            if current_revision is None or current_revision.partition_key != context.partition_key:
+                return None
+            return {"endpoint": spec.name, "revision": current, "previous_revision": None, "runtime": runtime,
+                    "replicas": current_revision.desired_replicas, "checkpoint": checkpoint.label,
+                    "target_concurrency": cost_model["target_concurrency"], "time_to_ready_s": 0.0,
+                    "url": f"{control_plane.router_url}/serving-endpoints/{spec.name}/invocations"}
+
+        if (already := serving_this_version()) is not None:
+            context.log.info(f"{spec.name}: already serves {context.partition_key} ({already['revision']})")
+            served.append(already)
             continue
         image = serving_image.get("images", {}).get(runtime)  # None: replicas start in place
         revision = revisions.create(spec.name, context.partition_key, checkpoint.model_dir, runtime,
@@ -314,6 +320,10 @@ def served_endpoint(
         result = _roll_out(driver, revisions, spec.name, revision.id, replicas, current, canary_plan(spec))
         if result.superseded:
             context.log.warning(f"{spec.name}: {result.reason}")
+            # Another run of this same version (a webhook and the sensor both asked for it) routed
+            # first: the endpoint serves what this run was for, so this run has not failed.
+            if (already := serving_this_version()) is not None:
+                served.append(already)
             continue
         if not result.ok:
             raise stop(f"{spec.name}: {result.reason}")

@@ -216,6 +216,6 @@ def test_an_engine_that_linux_refuses_amx_answers_on_its_other_kernels_and_says_
                               json={"model": "tiny", "prompt": "Fix: they goes home.", "max_tokens": 8})
         assert response.status_code == 200, log_path.read_text()[-3000:]
     lines = amx_log_lines(log_path.read_text())
-    assert len(lines) >= 3  # API server, engine core, worker
+    assert len(lines) >= 2  # API server, engine core (which runs the model: the "uni" executor)
     assert {status for status, _ in lines.values()} == {"refused"}
     assert "running without AMX kernels" in log_path.read_text()

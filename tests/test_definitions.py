@@ -42,6 +42,24 @@ def test_the_measuring_steps_share_one_pool_and_the_instance_limits_it_to_one():
     assert instance["run_monitoring"]["enabled"] is True
 
 
+@pytest.mark.parametrize("instance_yaml", ["dagster.yaml", "deploy/base/dagster.yaml"])
+def test_runs_of_one_model_version_take_turns_in_the_queue(instance_yaml, tmp_path, monkeypatch):
+    """An alias move reported by both the webhook and the registry sensor starts two runs of one
+    partition: the second must wait and find the version served, not race the first for the endpoint."""
+    from pathlib import Path
+
+    import yaml
+    from dagster import DagsterInstance
+
+    text = (Path(__file__).parent.parent / instance_yaml).read_text()
+    config = yaml.safe_load(text)
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump({"concurrency": config["concurrency"]}))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    with DagsterInstance.get() as instance:  # read by Dagster's own loader, as the daemon reads it
+        limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
+    assert {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in limits
+
+
 @pytest.mark.parametrize("name, job", [("registry_sensor", "deploy"), ("revision_reaper_sensor", None),
                                        ("cost_model_sensor", "remeasure_cost"), ("endpoint_health_sensor", "rollback"),
                                        ("serving_tags_sensor", None)])

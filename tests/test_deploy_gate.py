@@ -203,11 +203,13 @@ def test_the_served_version_has_a_cost_model_for_this_hardware_that_the_router_r
     assert run and {a.path for a in deployment.mlflow.list_artifacts(run[0].info.run_id, "cost_model")} >= {
         "cost_model/cost_model.json", "cost_model/cost_model.png", "cost_model/sweep.json"}
     # The target is the highest swept concurrency whose every point's p99 held the spec's 5 s SLO,
-    # read here from the sweep the run logged: the tiny model holds it at 4.
+    # read here from the sweep the run logged. On a quiet machine the tiny model holds it at 4; on
+    # 2 cores shared with other engines a point of 4 × 64 tokens took 7.8 s once (2026-12-05), and the
+    # rule must then choose 1: which level holds is the machine's, the choice is the code's.
     sweep = json.loads(Path(deployment.mlflow.download_artifacts(run[0].info.run_id, "cost_model/sweep.json"))
                        .read_text())
     holding = [c for c in (1, 4) if all(p["p99_latency_ms"] <= 5000 for p in sweep if p["concurrency"] == c)]
-    assert profile.target_concurrency == max(holding) == 4
+    assert holding and profile.target_concurrency == max(holding)
 
 
 def test_a_damaged_checkpoint_fails_the_gate_and_never_takes_traffic(deployment, served, refused):
