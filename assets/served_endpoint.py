@@ -295,18 +295,19 @@ def served_endpoint(
         if spec.scaling.max_replicas > fit:
             context.log.warning(f"{spec.name}: scaling.max_replicas is {spec.scaling.max_replicas} but "
                                 f"{capacity.where} holds {fit} such replicas; the autoscaler stops at {fit}")
-        def serving_this_version() -> dict | None:
-            """The endpoint's entry when its traffic is on a revision of this version already."""
-            current = revisions.traffic().get(spec.name)
-            current_revision = revisions.get(current) if current else None
-            if current_revision is None or current_revision.partition_key != context.partition_key:
+
+        def serving_this_version(routed: str | None) -> dict | None:
+            """The endpoint's entry when the revision its traffic is ``routed`` to is one of this version."""
+            routed_revision = revisions.get(routed) if routed else None
+            if routed_revision is None or routed_revision.partition_key != context.partition_key:
                 return None
-            return {"endpoint": spec.name, "revision": current, "previous_revision": None, "runtime": runtime,
-                    "replicas": current_revision.desired_replicas, "checkpoint": checkpoint.label,
+            return {"endpoint": spec.name, "revision": routed, "previous_revision": None, "runtime": runtime,
+                    "replicas": routed_revision.desired_replicas, "checkpoint": checkpoint.label,
                     "target_concurrency": cost_model["target_concurrency"], "time_to_ready_s": 0.0,
                     "url": f"{control_plane.router_url}/serving-endpoints/{spec.name}/invocations"}
 
-        if (already := serving_this_version()) is not None:
+        current = revisions.traffic().get(spec.name)
+        if (already := serving_this_version(current)) is not None:
             context.log.info(f"{spec.name}: already serves {context.partition_key} ({already['revision']})")
             served.append(already)
             continue
@@ -322,7 +323,7 @@ def served_endpoint(
             context.log.warning(f"{spec.name}: {result.reason}")
             # Another run of this same version (a webhook and the sensor both asked for it) routed
             # first: the endpoint serves what this run was for, so this run has not failed.
-            if (already := serving_this_version()) is not None:
+            if (already := serving_this_version(revisions.traffic().get(spec.name))) is not None:
                 served.append(already)
             continue
         if not result.ok:

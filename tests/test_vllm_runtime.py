@@ -296,21 +296,14 @@ def test_progress_of_an_empty_scrape_is_zero():
 # ---- the real server ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def live_server(tmp_path_factory):
+def live_server(tiny_model_dir, tmp_path_factory):
     """vLLM started from VllmRuntime.command on the tiny Llama (an MLflow download), in its own session."""
     import httpx
     import psutil
-    from mlflow import MlflowClient
 
     from serving.runtime.process import free_port, stop_server_session
-    from demo.tiny_llama import build_tiny_llama, log_tiny_llama
-    from pipelines.registry import MlflowRegistry
 
-    root = tmp_path_factory.mktemp("vllm-live")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    MlflowClient(tracking_uri=uri).create_experiment("modelplane-demo", artifact_location=(root / "artifacts").as_uri())
-    log_tiny_llama(uri, build_tiny_llama(root / "tiny"), registered_model_name="tiny-llm")
-    model_dir = MlflowRegistry(uri).download("tiny-llm", "1", root / "downloaded")
+    root, model_dir = tmp_path_factory.mktemp("vllm-live"), tiny_model_dir
 
     # One core: the engine's threads are then bound to a strict subset of this machine's cores.
     runtime, config, port = VllmRuntime(), RuntimeConfig(model_name="tiny", cpu_cores=1), free_port()
