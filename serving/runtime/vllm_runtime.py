@@ -19,10 +19,10 @@ and environment of ``python -m vllm.entrypoints.openai.api_server`` for one repl
   vLLM again and that the engine core talks to through shared memory. On 2 cores of an Intel
   Xeon (2026-12-05, quiet machine, 3 alternating runs each): SmolLM2 healthy in 26-28 s instead
   of 37-41 s, and 9-15 % more output tokens/s at concurrency 1, 8 and 32 (greedy outputs the
-  same, request by request); the tiny Llama 9.5 CPU-s less per start (docs/benchmarks.md). The worker's OpenMP threads are bound as vLLM binds them in
-  its own worker (``OMP_PLACES``/``OMP_PROC_BIND``), since vLLM binds nothing itself in one
-  process; ``VllmSettings.cpu_executor = "mp"`` ($MODELPLANE_VLLM_CPU_EXECUTOR) restores vLLM's
-  default;
+  same, request by request); the tiny Llama 9.5 CPU-s less per start (docs/benchmarks.md).
+  The engine core's OpenMP threads are bound as vLLM binds its own worker's
+  (``OMP_PLACES``/``OMP_PROC_BIND``), since vLLM binds nothing itself in one process;
+  ``VllmSettings.cpu_executor = "mp"`` ($MODELPLANE_VLLM_CPU_EXECUTOR) restores vLLM's default;
 - on CPU only: the AMX mode for :mod:`serving.runtime.vllm_plugin`, which every vLLM process
   runs first (AMX state requested where the CPU has it, or vLLM kept off its AMX kernels;
   ``VllmSettings.amx``), OpenMP threads bound to the replica's cores (from the cgroup quota, see
@@ -308,8 +308,9 @@ class VllmRuntime:
         if self.accelerator == "cpu":
             cpu_env, model_len = self._cpu_sizing(layout, config)
             env |= cpu_env
-            if s.cpu_executor == "uni":
+            if s.cpu_executor == "uni":  # without the variable, vLLM's CPU platform turns "uni" into "mp"
                 argv += ["--distributed-executor-backend", "uni"]
+                env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             if s.enforce_eager_on_cpu:
                 argv.append("--enforce-eager")
         else:
@@ -339,8 +340,6 @@ class VllmRuntime:
         kv_gib = kv_cache_gib(self._memory_bytes(numa_node_of(cores[0])), reserved, per_token,
                               wanted, s.kv_cache_share, s.kv_cache_max_gib)
         env = {"OMP_NUM_THREADS": str(len(cores)), "VLLM_CPU_KVCACHE_SPACE": str(kv_gib), **self._amx_env()}
-        if s.cpu_executor == "uni":
-            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # else vLLM's CPU platform turns "uni" into "mp"
         if s.bind_threads:
             env |= thread_binding_env(cores, s.cpu_executor)
         if s.preload_jemalloc and (jemalloc := jemalloc_path()):
