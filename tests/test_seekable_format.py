@@ -170,6 +170,21 @@ def test_extents_of_what_is_not_a_regular_file(tmp_path):
 
 
 @needs_mksquashfs
+def test_extents_through_linked_directories_and_dot_dot_are_the_targets(tmp_path):
+    root = make_tree(tmp_path / "tree")
+    os.symlink("model", root / "weights-dir")  # relative, to a directory
+    os.symlink("/etc", root / "lib" / "etc-abs")  # absolute: from the image's root
+    image = make_filesystem(root, tmp_path / "image", block_bytes=4096)
+    extents = file_extents(image, ["model/weights.bin", "weights-dir/weights.bin", "lib/etc-abs/small.conf",
+                                   "etc/small.conf", "lib/../model/weights.bin", "/bin/./app", "bin/app",
+                                   "weights-dir/missing", "etc/small.conf/under-a-file"])
+    assert extents["weights-dir/weights.bin"] == extents["model/weights.bin"] == extents["lib/../model/weights.bin"]
+    assert extents["lib/etc-abs/small.conf"] == extents["etc/small.conf"]
+    assert extents["/bin/./app"] == extents["bin/app"]
+    assert "weights-dir/missing" not in extents and "etc/small.conf/under-a-file" not in extents
+
+
+@needs_mksquashfs
 def test_metadata_is_the_superblock_and_the_tables(tmp_path):
     image = make_filesystem(make_tree(tmp_path / "tree"), tmp_path / "image", block_bytes=4096)
     ranges = metadata_ranges(image)

@@ -132,6 +132,43 @@ def block_extents(start_block: int, stored_sizes: Sequence[int],
     return merge_extents(extents)
 
 
+class _Listings:
+    """Path lookups in ``fs`` that list each directory once.
+
+    dissect.squashfs's ``get`` reads every directory on the path again for each lookup, parsing
+    each entry up to the one it wants: the 7,233 files a vLLM replica opens while it starts,
+    looked up in its environment's image that way, took 75 CPU-seconds (2.5 million entries
+    parsed); with each directory's listing kept, under 2. Same answers as ``get``: symbolic
+    links are followed on the way (not the last component), ``..`` goes to the parent,
+    FileNotFoundError or NotADirectoryError for a path that is not there.
+    """
+
+    def __init__(self, fs: SquashFS) -> None:
+        self._fs = fs
+        self._entries: dict[tuple[int, int], dict] = {}
+
+    def get(self, path: str, node=None):
+        node = node or self._fs.root
+        for part in path.split("/"):
+            if part in ("", "."):
+                continue
+            if part == "..":
+                node = node.parent or node
+                continue
+            while node.is_symlink():
+                node = self.get(node.link, None if node.link.startswith("/") else node.parent)
+            if not node.is_dir():
+                raise NotADirectoryError(f"{path}: {node.name} is not a directory")
+            key = (node.block, node.offset)
+            if key not in self._entries:
+                self._entries[key] = {entry.name: entry for entry in node.iterdir()}
+            try:
+                node = self._entries[key][part]
+            except KeyError:
+                raise FileNotFoundError(f"File not found: {path}") from None
+        return node
+
+
 def file_extents(source: BlockSource | Path | str, paths: Sequence[str]) -> dict[str, list[Extent]]:
     """For each path in ``paths`` that is in the image, the [start, end) ranges its data takes.
 
@@ -142,9 +179,10 @@ def file_extents(source: BlockSource | Path | str, paths: Sequence[str]) -> dict
     """
     found: dict[str, list[Extent]] = {}
     with _opened(source) as fs:
+        tree = _Listings(fs)
         for path in paths:
             try:
-                inode = fs.get(path)
+                inode = tree.get(path)
                 if not inode.is_file():
                     found[path] = []
                     continue
