@@ -283,7 +283,8 @@ class ReplicaOptions(_Strict):
                                     "them, and on Kubernetes they are the pod's CPU request and limit. None: the local "
                                     "machine's (or its cgroup's) cores; on Kubernetes, the install's default.")
     memory_gib: float | None = Field(None, gt=0, le=4096, description="Memory per replica, GiB: what capacity checks "
-                                     "reserve for it, and on Kubernetes the pod's memory request and limit. None: "
+                                     "reserve for it, what a vLLM replica sizes its KV cache within, and on Kubernetes "
+                                     "the pod's memory request and limit. None: "
                                      "the least the runtime needs (cluster.capacity); on Kubernetes, the install's default.")
     gpus: int = Field(0, ge=0, le=16, description="GPUs per replica (Kubernetes: nvidia.com/gpu). The local backend "
                       "refuses a revision that asks for GPUs on a machine without CUDA.")

@@ -165,6 +165,21 @@ def test_the_mp_executor_reserves_memory_for_its_worker_process(tiny_model_dir, 
     assert kv_gib("uni") - kv_gib("mp") == 1  # one process of PROCESS_OVERHEAD_GIB more
 
 
+def test_the_specs_memory_bounds_the_kv_cache_of_a_local_replica(tiny_model_dir, monkeypatch):
+    # A ceiling of 2^20 sequences: the KV cache is then sized by the memory alone.
+    monkeypatch.setattr("serving.runtime.vllm_runtime.CPU_DEFAULT_MAX_NUM_SEQS", 2**20)
+    runtime = VllmRuntime(VllmSettings(kv_cache_share=1.0), accelerator="cpu", allowed_cpus=lambda: {0, 1},
+                          memory_bytes=lambda node: 20 * GIB)
+
+    def kv_gib(memory_gib):
+        config = RuntimeConfig("m", cpu_cores=2, memory_gib=memory_gib)
+        return int(runtime.command(tiny_model_dir, "127.0.0.1", 1, config).env["VLLM_CPU_KVCACHE_SPACE"])
+
+    assert kv_gib(None) >= 17  # 20 GiB free, less the weights and two processes' overhead
+    assert kv_gib(6) == 3  # 6 GiB for the replica, less the same: floor(3.98)
+    assert kv_gib(40) == kv_gib(None)  # more than the machine has free: the machine's free memory
+
+
 def test_the_cpu_executor_follows_its_environment_variable_and_refuses_nonsense(monkeypatch):
     monkeypatch.setenv("MODELPLANE_VLLM_CPU_EXECUTOR", "mp")
     assert VllmSettings().cpu_executor == "mp"

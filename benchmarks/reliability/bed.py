@@ -5,8 +5,9 @@ unreachable), serving three endpoints:
 - ``iris``: the scikit-learn demo model on the pyfunc runtime, three replicas, every request
   in the inference log; deployed as a user deploys it (the spec through the CLI, the model
   registered over MLflow's REST API, MLflow's webhook, the Dagster deploy run);
-- ``smol``: SmolLM2-135M-Instruct on vLLM, one replica, at most ``SMOL_RUNNING`` requests
-  running and ``SMOL_QUEUED`` queued per router;
+- ``smol``: SmolLM2-135M-Instruct on vLLM, one replica of ``SMOL_MEMORY_GIB`` (its KV cache
+  sized within it, not from half the machine), at most ``SMOL_RUNNING`` requests running and
+  ``SMOL_QUEUED`` queued per router;
 - ``slow``: a pyfunc model with a known service time (100 ms a row, one at a time), 1-3
   replicas at a target concurrency of 2: what the autoscaler fault scales.
 
@@ -49,9 +50,11 @@ inference_log: {sample_rate: 1.0}
 """
 ROUTERS = 2  # ``modelplane up --routers``: both listen on one port, the kernel splits connections
 SMOL_RUNNING, SMOL_QUEUED = 4, 4  # what each router admits to ``smol`` at once
+SMOL_MEMORY_GIB = 4  # weights, two processes and a 1 GiB KV cache (46,000 tokens): what its faults need
 SMOL_SPEC = f"""name: smol
 model: models:/smol@champion
 scaling: {{min_replicas: 1, max_replicas: 1}}
+replica: {{memory_gib: {SMOL_MEMORY_GIB}}}
 routing: {{max_concurrent_requests: {SMOL_RUNNING}, max_queued_requests: {SMOL_QUEUED}, max_queue_wait_s: 10}}
 """
 SLOW_SPEC = """name: slow

@@ -208,6 +208,18 @@ def kv_cache_gib(available_bytes: int, reserved_bytes: int, kv_bytes_per_token: 
     return max(1, budget)
 
 
+def replica_memory_bytes(available_bytes: int, memory_gib: float | None) -> int:
+    """The memory a replica sizes its KV cache from: what the machine has free, no more than the
+    spec's ``replica.memory_gib`` (on Kubernetes that is the pod's limit, which
+    :func:`available_memory_bytes` already reads from the cgroup; on the local backend nothing else
+    bounds it, and a small model's KV cache would take half of the machine).
+
+    >>> replica_memory_bytes(20 * GIB, 4) // GIB, replica_memory_bytes(3 * GIB, 4) // GIB, replica_memory_bytes(5, None)
+    (4, 3, 5)
+    """
+    return available_bytes if memory_gib is None else min(available_bytes, int(memory_gib * GIB))
+
+
 def max_model_len(context_tokens: int | None, kv_gib: int | None, kv_bytes_per_token: int | None,
                   override_tokens: int | None) -> int | None:
     """The longest sequence to allow: the override, else the model's context capped by the KV cache.
@@ -337,8 +349,8 @@ class VllmRuntime:
         # API servers + the engine core (+ its worker process with the "mp" executor)
         processes = config.api_server_count + (1 if s.cpu_executor == "uni" else 2)
         reserved = layout.weights_bytes + int(processes * PROCESS_OVERHEAD_GIB * GIB)
-        kv_gib = kv_cache_gib(self._memory_bytes(numa_node_of(cores[0])), reserved, per_token,
-                              wanted, s.kv_cache_share, s.kv_cache_max_gib)
+        kv_gib = kv_cache_gib(replica_memory_bytes(self._memory_bytes(numa_node_of(cores[0])), config.memory_gib),
+                              reserved, per_token, wanted, s.kv_cache_share, s.kv_cache_max_gib)
         env = {"OMP_NUM_THREADS": str(len(cores)), "VLLM_CPU_KVCACHE_SPACE": str(kv_gib), **self._amx_env()}
         if s.bind_threads:
             env |= thread_binding_env(cores, s.cpu_executor)
