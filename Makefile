@@ -9,12 +9,12 @@ VENV := .venv
 QVENV := .venv-quantize
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-quick test-faults up envs sysdeps lock clean-state schema
+.PHONY: demo test test-quick test-faults up setup envs sysdeps lock clean-state schema
 
-demo: envs sysdeps
+demo: setup
 	$(VENV)/bin/modelplane demo
 
-up: envs sysdeps
+up: setup
 	$(VENV)/bin/modelplane up
 
 # The suite, its modules on parallel workers (tests/run.sh, docs/testing.md), then the fault table
@@ -25,7 +25,7 @@ up: envs sysdeps
 # a checkpoint two of them deploy is evaluated once.
 LAYER_CACHE := $(CURDIR)/.modelplane-test/layer-cache
 EVAL_RESULTS := $(CURDIR)/.modelplane-test/eval-results
-test: envs sysdeps
+test: setup
 	rm -rf $(LAYER_CACHE) $(EVAL_RESULTS)
 	MODELPLANE_LAYER_CACHE_DIR=$(LAYER_CACHE) MODELPLANE_EVAL_RESULTS_DIR=$(EVAL_RESULTS) \
 		bash tests/run.sh -m "not faults" $(PYTEST_ARGS)
@@ -33,12 +33,16 @@ test: envs sysdeps
 	rm -rf $(LAYER_CACHE) $(EVAL_RESULTS)
 
 # The inner loop: pure logic, contracts and docs; no engine, no `up`, no fault table.
-test-quick: envs sysdeps
+test-quick: setup
 	bash tests/run.sh -m "not slow" $(PYTEST_ARGS)
 
 # The fault table alone, in one process.
-test-faults: envs sysdeps
+test-faults: setup
 	MODELPLANE_TEST_WORKERS=0 bash tests/run.sh -m faults tests/test_faults.py $(PYTEST_ARGS)
+
+# What every command needs first, side by side: both environments and the Debian packages.
+setup:
+	@$(MAKE) --no-print-directory -j3 $(VENV)/.installed $(QVENV)/.installed sysdeps
 
 # Both environments at once, each from its lock file with uv where it can, pip otherwise
 # (scripts/install-locked.sh).

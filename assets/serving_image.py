@@ -95,6 +95,7 @@ def serving_image(
                 f"{runtime}_build_s": facts["build_s"],
                 f"{runtime}_layers": MetadataValue.json(facts["layers"]),
                 f"{runtime}_traced_files": MetadataValue.json(facts["traced_files"]),
+                f"{runtime}_trace": facts["trace"],  # "recorded", "cache" (images.trace_cache) or "off"
             }
     finally:
         client.close()

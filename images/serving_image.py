@@ -28,6 +28,7 @@ from images.seekable.artifact import SeekableLayer, push_seekable
 from images.seekable.build import build_seekable
 from images.seekable.index import DEFAULT_SECTOR_BYTES, SectorIndex
 from images.startup_trace import trace_startup
+from images.trace_cache import cached_trace, trace_key
 from serving.runtime.base import RuntimeConfig
 from serving.runtime.process import exclusive, free_port
 from serving.runtime.registry import runtime_for
@@ -113,11 +114,21 @@ def build_serving_image(registry: Registry, repo: str, tag: str, model_dir: Path
     env_cache = cache_root / f"env-{runtime}-{fingerprint[:24]}"
     work = work_root / "build"
     shutil.rmtree(work, ignore_errors=True)
-    env_tree = stage(environment, work / "env-tree")
-    traced = {"env": [], "model": []}
-    if settings.trace_startup:
+    env_tree = work / "env-tree"
+
+    def staged() -> Path:  # the environment as a tree: for the trace and the layer, when either is not cached
+        return env_tree if env_tree.exists() else stage(environment, env_tree)
+
+    def record() -> dict[str, list[str]]:
         log(f"recording the start-up trace of a {runtime} replica")
-        traced = trace_files(environment, env_tree, model_dir, runtime_config, work / "trace", settings)
+        return trace_files(environment, staged(), model_dir, runtime_config, work / "trace", settings)
+
+    traced, trace_from = {"env": [], "model": []}, "off"
+    if settings.trace_startup:
+        traced, cached = cached_trace(cache_root, trace_key(fingerprint, runtime, runtime_config, model_dir), record)
+        trace_from = "cache" if cached else "recorded"
+        if cached:
+            log(f"start-up trace of a {runtime} replica with these model files from the cache ({cache_root})")
     with exclusive(cache_root / f"{env_cache.name}.lock", log, f"the environment layer {env_cache.name}"):
         if (env_cache / "meta.json").is_file():
             env_layer = BuiltLayer.from_meta(json.loads((env_cache / "meta.json").read_text()))
@@ -125,7 +136,7 @@ def build_serving_image(registry: Registry, repo: str, tag: str, model_dir: Path
         else:
             log(f"building the environment layer ({len(environment.distributions)} distributions)")
             shutil.rmtree(env_cache, ignore_errors=True)
-            env_layer = build_both_forms(env_tree, env_cache, "env", ENV_MOUNT, traced["env"], settings)
+            env_layer = build_both_forms(staged(), env_cache, "env", ENV_MOUNT, traced["env"], settings)
             tmp = env_cache / "meta.json.tmp"
             tmp.write_text(json.dumps(env_layer.meta()))
             os.replace(tmp, env_cache / "meta.json")
@@ -159,7 +170,7 @@ def build_serving_image(registry: Registry, repo: str, tag: str, model_dir: Path
              "image_bytes": sum(b.layer.size for b in (env_layer, model_layer)),
              "seekable_bytes": sum(layer.data_bytes for layer in layers),
              "filesystem_bytes": sum(layer.filesystem_bytes for layer in layers),
-             "traced_files": {role: len(files) for role, files in traced.items()},
+             "traced_files": {role: len(files) for role, files in traced.items()}, "trace": trace_from,
              "layers": {b.role: {"digest": b.layer.digest, "bytes": b.layer.size, **b.seconds}
                         for b in (env_layer, model_layer)}}
     return ref, facts

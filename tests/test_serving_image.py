@@ -82,21 +82,23 @@ def test_the_files_the_runtime_opened_while_starting_come_first(built):
     assert facts["traced_files"]["env"] > 100 and facts["traced_files"]["model"] >= 2  # MLmodel, the weights
 
 
-def test_a_second_version_reuses_the_environment_layer_and_only_builds_its_model(built, embedded_registry, iris,
-                                                                              images_root, tmp_path):
-    from images.serving_image import ImageSettings, build_serving_image
+def test_a_second_version_reuses_the_environment_layer_and_the_trace_and_only_builds_its_model(
+        built, embedded_registry, iris, images_root, tmp_path):
+    from images.serving_image import build_serving_image
 
-    first, _, _ = built
-    model = shutil.copytree(iris[1], tmp_path / "model-v2")
+    first, first_facts, _ = built
+    model = shutil.copytree(iris[1], tmp_path / "model-v2")  # the same files, new bytes: a retrained version
     (model / "MLmodel").write_text((model / "MLmodel").read_text() + "\n# v2\n")
     lines = []
     with HttpRegistry(embedded_registry.url) as registry:
-        second, _ = build_serving_image(registry, "modelplane/iris", "v2-pyfunc", model, "pyfunc", {},
-                                        images_root / "builds" / "v2", images_root / "cache",
-                                        ImageSettings(trace_startup=False), log=lines.append)
+        second, facts = build_serving_image(registry, "modelplane/iris", "v2-pyfunc", model, "pyfunc", {},
+                                            images_root / "builds" / "v2", images_root / "cache", log=lines.append)
     assert second.layer("env") == first.layer("env")
     assert second.layer("model").layer_digest != first.layer("model").layer_digest
-    assert any("from the cache" in line for line in lines)
+    assert (first_facts["trace"], facts["trace"]) == ("recorded", "cache")  # no replica started under strace
+    assert facts["traced_files"] == first_facts["traced_files"]
+    assert second.layer("model").prefetch_sectors == first.layer("model").prefetch_sectors > 0
+    assert not any("recording the start-up trace" in line for line in lines)
 
 
 @pytest.fixture
