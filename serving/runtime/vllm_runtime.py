@@ -26,8 +26,9 @@ and environment of ``python -m vllm.entrypoints.openai.api_server`` for one repl
 - on CPU only: the AMX mode for :mod:`serving.runtime.vllm_plugin`, which every vLLM process
   runs first (AMX state requested where the CPU has it, or vLLM kept off its AMX kernels;
   ``VllmSettings.amx``), OpenMP threads bound to the replica's cores (from the cgroup quota, see
-  ``cpu.py``), the KV cache sized from the memory actually free on the replica's NUMA node
-  (vLLM's default, 92 % of the node, fails on any machine already running something), and
+  ``cpu.py``), the KV cache sized from the memory actually free on the replica's NUMA node,
+  no more than the spec's ``replica.memory_gib`` (vLLM's default, 92 % of the node, fails on
+  any machine already running something), and
   ``--max-model-len`` no longer than what that KV cache holds;
 - with an OTLP endpoint configured (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
   ``OTEL_EXPORTER_OTLP_ENDPOINT``, read as the router reads them, ``serving.router.tracing``):
