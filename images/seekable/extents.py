@@ -161,7 +161,7 @@ class _Listings:
                 raise NotADirectoryError(f"{path}: {node.name} is not a directory")
             key = (node.block, node.offset)
             if key not in self._entries:
-                self._entries[key] = {entry.name: entry for entry in node.iterdir()}
+                self._entries[key] = node.listdir()
             try:
                 node = self._entries[key][part]
             except KeyError:
