@@ -48,6 +48,7 @@ from pipelines.registry import RegistryError, parse_partition_key
 from pipelines.resources import ClusterResource, ControlPlaneResource, RegistryResource
 from serving.runtime.model_layout import locate
 from serving.runtime.registry import runtime_for
+from serving.tls import tls_context
 
 CRASH_LOOP_RESTARTS = 3
 
@@ -168,7 +169,7 @@ class RolloutDriver:
             busy = 0.0
             for replica in self.cluster.replicas(revision_id):
                 try:
-                    progress = runtime.progress(httpx.get(f"{replica.url}/metrics", timeout=2).text)
+                    progress = runtime.progress(httpx.get(f"{replica.url}/metrics", timeout=2, verify=tls_context()).text)
                     busy += progress.in_flight + progress.queued
                 except httpx.HTTPError:
                     continue

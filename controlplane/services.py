@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from controlplane.settings import OFFLINE_ENV, REPO_ROOT, Secrets, Settings
+from serving.tls import tls_context
 
 BIN = Path(sys.executable).parent
 CODE_LOCATION = "modelplane"  # the code location's name, as workspace.yaml names it for `dagster dev`
@@ -37,7 +38,7 @@ class Service:
 def _http_ok(url: str, expect: Callable[[httpx.Response], bool] = lambda r: r.status_code == 200) -> Callable[[], bool]:
     def check() -> bool:
         try:
-            return expect(httpx.get(url, timeout=2.0))
+            return expect(httpx.get(url, timeout=2.0, verify=tls_context()))
         except httpx.HTTPError:
             return False
 
@@ -91,7 +92,7 @@ def _dagster_daemon_healthy(dagster_url: str) -> Callable[[], bool]:
 
     def check() -> bool:
         try:
-            response = httpx.post(f"{dagster_url}/graphql", json={"query": query}, timeout=5.0)
+            response = httpx.post(f"{dagster_url}/graphql", json={"query": query}, timeout=5.0, verify=tls_context())
             statuses = response.json()["data"]["instance"]["daemonHealth"]["allDaemonStatuses"]
         except (httpx.HTTPError, KeyError, TypeError, ValueError):
             return False

@@ -15,6 +15,7 @@ import pytest
 
 from cluster.kubernetes.probes import drain, live, read_state
 from serving.runtime.process import free_port
+from serving.tls import tls_context
 
 ROWS = {"dataframe_split": {"columns": ["sepal length (cm)", "sepal width (cm)", "petal length (cm)",
                                         "petal width (cm)"], "data": [[5.1, 3.5, 1.4, 0.2]]}}
@@ -30,10 +31,11 @@ def pod(iris_dir, tmp_path):
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2, verify=tls_context()).status_code == 200:
                 break
         except httpx.HTTPError:
             pass
+        time.sleep(0.1)
         assert process.poll() is None, "the launcher exited before the server answered"
         time.sleep(0.3)
     args = argparse.Namespace(runtime="pyfunc", port=port, model_dir=str(iris_dir), model_name="iris",

@@ -33,6 +33,7 @@ from serving.runtime.pyfunc.metrics import ServerMetrics
 from serving.runtime.pyfunc.payload import InvocationError, check_content_type, parse_invocation
 from serving.runtime.pyfunc.responses import Outcome
 from serving.runtime.pyfunc.runtime import first_row_of, request_from_signature
+from serving.tls import tls_context
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -441,7 +442,7 @@ class ServerProcess:
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.log_path.read_text()[-3000:]
             try:
-                self.health_seen.append(httpx.get(f"{self.url}/health", timeout=2).status_code)
+                self.health_seen.append(httpx.get(f"{self.url}/health", timeout=2, verify=tls_context()).status_code)
                 if self.health_seen[-1] == 200:
                     return
             except httpx.TransportError:

@@ -13,6 +13,7 @@ import pytest
 
 from serving.runtime.base import ProbeRequest, Progress, RuntimeConfig
 from serving.runtime.model_layout import ModelLayoutError, locate
+from serving.tls import tls_context
 from serving.runtime.vllm_runtime import (GIB, HIGHEST_PRIORITY, VllmRuntime, VllmSettings, bind_cpus,
                                           format_cpu_list, kv_cache_gib, max_model_len)
 
@@ -63,17 +64,17 @@ def cpu_runtime(settings: VllmSettings | None = None, allowed: set[int] | None =
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
+def tiny_model_dir(tmp_path_factory, tiny_llama) -> Path:
     """demo.tiny_llama logged to a real MLflow store (SQLite) and downloaded, as source_model does."""
     from mlflow import MlflowClient
 
-    from demo.tiny_llama import build_tiny_llama, log_tiny_llama
+    from demo.tiny_llama import log_tiny_llama
     from pipelines.registry import MlflowRegistry
 
     root = tmp_path_factory.mktemp("tiny-mlflow")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     MlflowClient(tracking_uri=uri).create_experiment("modelplane-demo", artifact_location=(root / "artifacts").as_uri())
-    log_tiny_llama(uri, build_tiny_llama(root / "tiny"), registered_model_name="tiny-llm")
+    log_tiny_llama(uri, tiny_llama(root / "tiny"), registered_model_name="tiny-llm")
     return MlflowRegistry(uri).download("tiny-llm", "1", root / "downloaded")
 
 
@@ -334,7 +335,7 @@ def live_server(tiny_model_dir, tmp_path_factory):
             assert proc.poll() is None, f"vLLM exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}"
             assert time.monotonic() < deadline, f"vLLM not healthy after 300 s:\n{log_path.read_text()[-4000:]}"
             try:
-                if httpx.get(f"{base}/health", timeout=2, trust_env=False).status_code == 200:
+                if httpx.get(f"{base}/health", timeout=2, trust_env=False, verify=tls_context()).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
@@ -356,7 +357,7 @@ def live_server(tiny_model_dir, tmp_path_factory):
 def scrape(base: str) -> Progress:
     import httpx
 
-    return VllmRuntime(accelerator="cpu").progress(httpx.get(f"{base}/metrics", trust_env=False).text)
+    return VllmRuntime(accelerator="cpu").progress(httpx.get(f"{base}/metrics", trust_env=False, verify=tls_context()).text)
 
 
 def openai_client(base: str):
@@ -423,7 +424,8 @@ def test_live_a_long_generation_moves_the_work_counter_before_it_completes(live_
     body = {"model": "tiny", "prompt": "Fix: we plays.", "max_tokens": 480, "ignore_eos": True}
 
     def generate(_):
-        return httpx.post(live_server["base"] + "/v1/completions", json=body, timeout=120, trust_env=False)
+        return httpx.post(live_server["base"] + "/v1/completions", json=body, timeout=120, trust_env=False,
+                          verify=tls_context())
 
     # On a busy machine a round can finish between two scrapes; a counter that only moves on
     # completion never shows the pattern, however many rounds.

@@ -23,6 +23,7 @@ from cluster.local.warm_pool import (AssignmentRefused, KeyState, PoolKey, PoolP
 from serving.runtime.base import ReplicaLaunch, RuntimeConfig
 from serving.runtime.process import free_port, replica_environment
 from serving.runtime.zygote import KINDS, Assignment, ZygoteFacts, ZygoteKind, preload, refusal
+from serving.tls import tls_context
 
 PYTHON = sys.executable
 PROBE = "warm_replica_probe"
@@ -398,7 +399,7 @@ def serve_and_ask(process: subprocess.Popen, port: int, rows: dict, log_path: Pa
     def healthy():
         assert process.poll() is None, log_path.read_text()[-3000:]
         try:
-            return httpx.get(f"{base}/health", timeout=2, trust_env=False).status_code == 200
+            return httpx.get(f"{base}/health", timeout=2, trust_env=False, verify=tls_context()).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -434,16 +435,16 @@ def test_a_warm_pyfunc_replica_answers_like_a_cold_one(iris_dir, tmp_path):
 # ---- vLLM (slow): the tiny Llama on a warm zygote ---------------------------------------------
 
 @pytest.mark.slow
-def test_a_warm_vllm_replica_serves_and_stops_with_its_engine(tmp_path):
+def test_a_warm_vllm_replica_serves_and_stops_with_its_engine(tmp_path, tiny_llama):
     from mlflow import MlflowClient
 
-    from demo.tiny_llama import build_tiny_llama, log_tiny_llama
+    from demo.tiny_llama import log_tiny_llama
     from pipelines.registry import MlflowRegistry
     from serving.runtime.vllm_runtime import VllmRuntime
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     MlflowClient(tracking_uri=uri).create_experiment("modelplane-demo", artifact_location=(tmp_path / "a").as_uri())
-    log_tiny_llama(uri, build_tiny_llama(tmp_path / "tiny"), registered_model_name="tiny-llm")
+    log_tiny_llama(uri, tiny_llama(tmp_path / "tiny"), registered_model_name="tiny-llm")
     model_dir = MlflowRegistry(uri).download("tiny-llm", "1", tmp_path / "downloaded")
     port = free_port()
     launch = VllmRuntime().command(model_dir, "127.0.0.1", port, RuntimeConfig(model_name="tiny"))
@@ -458,7 +459,7 @@ def test_a_warm_vllm_replica_serves_and_stops_with_its_engine(tmp_path):
         def healthy():
             assert started.process.poll() is None, (tmp_path / "replica.log").read_text()[-4000:]
             try:
-                return httpx.get(f"{base}/health", timeout=2, trust_env=False).status_code == 200
+                return httpx.get(f"{base}/health", timeout=2, trust_env=False, verify=tls_context()).status_code == 200
             except httpx.HTTPError:
                 return False
 

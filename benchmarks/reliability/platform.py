@@ -19,6 +19,7 @@ import httpx
 import psutil
 
 from benchmarks.polling import wait_for
+from serving.tls import tls_context
 from cluster.local.replica import free_port
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -87,7 +88,7 @@ class RunningPlatform:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def runs(self, partition: str) -> list[dict]:
-        response = httpx.post(f"{self.url('dagster')}/graphql", timeout=10, json={
+        response = httpx.post(f"{self.url('dagster')}/graphql", timeout=10, verify=tls_context(), json={
             "query": RUNS_QUERY, "variables": {"tags": [{"key": "dagster/partition", "value": partition}]}})
         return response.json()["data"]["runsOrError"]["results"]
 

@@ -15,6 +15,8 @@ import subprocess
 import httpx
 import psutil
 
+from serving.tls import tls_context
+
 
 class AdoptedProcess:
     """A replica process this supervisor did not start, behind the Popen calls the supervisor makes."""
@@ -62,6 +64,6 @@ def replica_process(pid: int | None, port: int) -> bool:
 
 def healthy(url: str, timeout_s: float = 2.0) -> bool:
     try:
-        return httpx.get(f"{url}/health", timeout=timeout_s).status_code == 200
+        return httpx.get(f"{url}/health", timeout=timeout_s, verify=tls_context()).status_code == 200
     except httpx.HTTPError:
         return False

@@ -40,6 +40,7 @@ from images.ref import ImageRef
 from serving.runtime.base import ReplicaLaunch, ReplicaRuntime, RuntimeConfig
 from serving.runtime.liveness import LivenessConfig, LivenessState, Verdict, decide
 from serving.runtime.process import replica_environment
+from serving.tls import tls_context
 
 log = logging.getLogger("modelplane.supervisor")
 
@@ -273,7 +274,7 @@ class ManagedReplica:
     def _wait_ready(self) -> str | None:
         deadline = time.monotonic() + self._config.start_timeout_s
         probe = self.runtime.probe_request(self.model_dir, self.runtime_config)
-        with httpx.Client(timeout=self._config.health_timeout_s) as http:
+        with httpx.Client(timeout=self._config.health_timeout_s, verify=tls_context()) as http:
             while time.monotonic() < deadline and not self._stop.is_set():
                 if self._process.poll() is not None:
                     return f"exited with code {self._process.returncode} while starting (log: {self._log_path})"
@@ -294,7 +295,7 @@ class ManagedReplica:
         state, liveness = LivenessState(), self._config.liveness
         probe = self.runtime.probe_request(self.model_dir, self.runtime_config)
         unanswered_since_s: float | None = None
-        with httpx.Client(timeout=self._config.health_timeout_s) as http:
+        with httpx.Client(timeout=self._config.health_timeout_s, verify=tls_context()) as http:
             while not self._stop.wait(self._config.liveness_interval_s):
                 if self._process.poll() is not None:
                     return f"exited with code {self._process.returncode}"
@@ -317,7 +318,8 @@ class ManagedReplica:
 
     def _send_probe(self, probe) -> None:
         try:
-            httpx.post(f"{self.url}{probe.path}", json=probe.json, timeout=self._config.probe_timeout_s)
+            httpx.post(f"{self.url}{probe.path}", json=probe.json, timeout=self._config.probe_timeout_s,
+                       verify=tls_context())
         except httpx.HTTPError:
             pass  # no completion shows up in /metrics, and liveness sees that
 

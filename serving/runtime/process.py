@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from serving.tls import tls_context
+
 
 # What control-plane processes hold and a replica must not: a replica runs model code, and a
 # model is whatever was registered. It gets none of these from the environment it starts in.
@@ -107,7 +109,7 @@ def running_server(argv: list[str], env: dict[str, str], port: int, log_path: Pa
             if time.monotonic() - started > startup_timeout_s:
                 raise TimeoutError(f"server not healthy after {startup_timeout_s} s; see {log_path}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/health", timeout=2, trust_env=False).status_code == 200:
+                if httpx.get(f"{base}/health", timeout=2, trust_env=False, verify=tls_context()).status_code == 200:
                     break
             time.sleep(0.5)
         yield base, time.monotonic() - started

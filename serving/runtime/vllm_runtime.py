@@ -64,6 +64,9 @@ HIGHEST_PRIORITY = -(2**63)
 # Finish reasons that mean the engine produced output. "abort" (client went away) and
 # "error" do not: a hung engine whose clients time out would otherwise look alive.
 PROGRESS_FINISH_REASONS = frozenset({"stop", "length", "repetition"})
+# The samples of vLLM's /metrics that progress() reads (serving.runtime.scrape parses only these).
+PROGRESS_SAMPLES = ("vllm:request_success_total", "vllm:num_requests_running", "vllm:num_requests_waiting",
+                    "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
 JEMALLOC_PATHS = ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
                   "/usr/lib64/libjemalloc.so.2", "/usr/local/lib/libjemalloc.so.2")
 # What a replica needs besides weights and KV cache: the API server and engine processes
@@ -384,18 +387,17 @@ class VllmRuntime:
         work = ``vllm:prompt_tokens_total`` + ``vllm:generation_tokens_total``, which vLLM counts
         every engine step, so a long generation shows progress before it completes.
         """
-        from prometheus_client.parser import text_string_to_metric_families
+        from serving.runtime.scrape import samples_named
 
         completed = running = waiting = work = 0.0
-        for family in text_string_to_metric_families(metrics_text):
-            for sample in family.samples:
-                if sample.name == "vllm:request_success_total":
-                    if sample.labels.get("finished_reason") in PROGRESS_FINISH_REASONS:
-                        completed += sample.value
-                elif sample.name == "vllm:num_requests_running":
-                    running += sample.value
-                elif sample.name == "vllm:num_requests_waiting":
-                    waiting += sample.value
-                elif sample.name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
-                    work += sample.value
+        for sample in samples_named(metrics_text, PROGRESS_SAMPLES):
+            if sample.name == "vllm:request_success_total":
+                if sample.labels.get("finished_reason") in PROGRESS_FINISH_REASONS:
+                    completed += sample.value
+            elif sample.name == "vllm:num_requests_running":
+                running += sample.value
+            elif sample.name == "vllm:num_requests_waiting":
+                waiting += sample.value
+            else:  # vllm:prompt_tokens_total, vllm:generation_tokens_total
+                work += sample.value
         return Progress(completed_total=completed, in_flight=running, queued=waiting, work_total=work)

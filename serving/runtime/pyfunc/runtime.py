@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from serving.runtime.base import ProbeRequest, Progress, ReplicaLaunch, RuntimeConfig
 from serving.runtime.cpu import available_cpus
 from serving.runtime.pyfunc.config import thread_env
 from serving.runtime.pyfunc.metrics import COMPLETED, IN_FLIGHT, QUEUE_DEPTH
+from serving.runtime.scrape import samples_named
 
 REPO_ROOT = Path(__file__).resolve().parents[3]  # where `serving` is importable from
 SERVING_INPUT_EXAMPLE = "serving_input_example.json"
@@ -54,10 +54,8 @@ class PyfuncRuntime:
     def progress(self, metrics_text: str) -> Progress:
         """Sums the samples by name, so it reads both a single process's and a merged multiprocess scrape."""
         wanted = {f"{COMPLETED}_total": 0.0, IN_FLIGHT: 0.0, QUEUE_DEPTH: 0.0}
-        for family in text_string_to_metric_families(metrics_text):
-            for sample in family.samples:
-                if sample.name in wanted:
-                    wanted[sample.name] += sample.value
+        for sample in samples_named(metrics_text, wanted):
+            wanted[sample.name] += sample.value
         return Progress(completed_total=wanted[f"{COMPLETED}_total"], in_flight=wanted[IN_FLIGHT],
                         queued=wanted[QUEUE_DEPTH])
 
