@@ -79,6 +79,41 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: order within kept
 
 
+@pytest.fixture(scope="session")
+def tiny_llama_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """demo.tiny_llama's checkpoint (seed 0), built once for the whole run: the first worker to
+    ask builds it under a lock in the run's shared temporary directory, the others wait and read it.
+    Tests take copies (:func:`tiny_llama`); tests/test_demo_models.py builds it again and checks
+    that both builds are the same bytes."""
+    import fcntl
+    import shutil
+
+    from demo.tiny_llama import build_tiny_llama
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # pytest-N/, above popen-gwK/
+    built = shared / "tiny-llama-seed0"
+    with (shared / "tiny-llama-seed0.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (built / "model.safetensors").is_file():
+            partial = shared / "tiny-llama-seed0.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            build_tiny_llama(partial)
+            partial.rename(built)
+    return built
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_llama_build: Path):
+    """``tiny_llama(dest)``: a copy of the run's tiny Llama checkpoint at ``dest`` (returned)."""
+    import shutil
+
+    def copy(dest: Path) -> Path:
+        return Path(shutil.copytree(tiny_llama_build, dest))
+
+    return copy
+
+
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'controlplane.db'}"

@@ -195,16 +195,15 @@ if ctypes.CDLL(None, use_errno=True).sigaltstack(ctypes.byref(_stack), None) != 
 
 
 @pytest.mark.slow
-def test_an_engine_that_linux_refuses_amx_answers_on_its_other_kernels_and_says_so(tmp_path):
+def test_an_engine_that_linux_refuses_amx_answers_on_its_other_kernels_and_says_so(tmp_path, tiny_llama):
     import httpx
 
-    from demo.tiny_llama import build_tiny_llama
     from serving.runtime.amx import amx_log_lines
     from serving.runtime.base import RuntimeConfig
     from serving.runtime.process import free_port, running_server
     from serving.runtime.vllm_runtime import VllmRuntime
 
-    model_dir = build_tiny_llama(tmp_path / "tiny")
+    model_dir = tiny_llama(tmp_path / "tiny")
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(REFUSING_SITECUSTOMIZE)
     port = free_port()

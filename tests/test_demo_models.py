@@ -51,8 +51,8 @@ def network_attempts(monkeypatch: pytest.MonkeyPatch) -> list[object]:
 
 
 @pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+def tiny_checkpoint(tiny_llama_build: Path) -> Path:
+    return tiny_llama_build  # read only here; the determinism test below builds it again
 
 
 def greedy_reply(model, tokenizer, messages: list[dict[str, str]], max_new_tokens: int) -> tuple[int, str]:

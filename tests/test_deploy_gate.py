@@ -120,13 +120,11 @@ class Deployment:
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory):
-    from demo.tiny_llama import build_tiny_llama
-
+def deployment(tmp_path_factory, tiny_llama):
     root = tmp_path_factory.mktemp("deploy-gate")
     deployment = Deployment(root)
     deployment.mlflow_ui_url = UI
-    deployment.checkpoint = build_tiny_llama(root / "tiny")
+    deployment.checkpoint = tiny_llama(root / "tiny")
     record_last_day(deployment.engine, "tiny", datetime.now(timezone.utc))
     try:
         yield deployment
@@ -203,13 +201,16 @@ def test_the_served_version_has_a_cost_model_for_this_hardware_that_the_router_r
     assert run and {a.path for a in deployment.mlflow.list_artifacts(run[0].info.run_id, "cost_model")} >= {
         "cost_model/cost_model.json", "cost_model/cost_model.png", "cost_model/sweep.json"}
     # The target is the highest swept concurrency whose every point's p99 held the spec's 5 s SLO,
-    # read here from the sweep the run logged. On a quiet machine the tiny model holds it at 4; on
-    # 2 cores shared with other engines a point of 4 × 64 tokens took 7.8 s once (2026-12-05), and the
-    # rule must then choose 1: which level holds is the machine's, the choice is the code's.
+    # read here from the sweep the run logged, and the lowest swept level when none held it. On a
+    # quiet machine the tiny model holds it at 4; on 2 cores shared with other engines a point of
+    # 4 × 64 tokens took 7.8 s once (2026-12-05: the rule chose 1), and on a slower Xeon beside the
+    # FP8 engine even a point at concurrency 1 missed it (2026-12-06: the rule chose 1 and said so).
+    # Which level holds is the machine's; the choice is the code's.
     sweep = json.loads(Path(deployment.mlflow.download_artifacts(run[0].info.run_id, "cost_model/sweep.json"))
                        .read_text())
     holding = [c for c in (1, 4) if all(p["p99_latency_ms"] <= 5000 for p in sweep if p["concurrency"] == c)]
-    assert holding and profile.target_concurrency == max(holding)
+    assert profile.target_concurrency == (max(holding) if holding else 1), (holding, profile.target_concurrency)
+    assert profile.model["slo_met"] == bool(holding)
 
 
 def test_a_damaged_checkpoint_fails_the_gate_and_never_takes_traffic(deployment, served, refused):

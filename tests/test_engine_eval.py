@@ -177,14 +177,13 @@ def test_results_survive_a_json_round_trip(nll):
 # ---- the real engine ---------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_live_evaluation_of_the_tiny_llama_on_vllm(tmp_path: Path):
+def test_live_evaluation_of_the_tiny_llama_on_vllm(tmp_path: Path, tiny_llama):
     """One vLLM start (≈ 30 s on 2 cores): the held-out GEC set on the tiny Llama checkpoint."""
-    from demo.tiny_llama import build_tiny_llama
     from serving.runtime.base import RuntimeConfig
     from serving.runtime.process import running_server
     from serving.runtime.vllm_runtime import VllmRuntime
 
-    model_dir = build_tiny_llama(tmp_path / "tiny")
+    model_dir = tiny_llama(tmp_path / "tiny")
     port = free_port()
     launch = VllmRuntime().command(model_dir, "127.0.0.1", port, RuntimeConfig(model_name="m"))
     held_out = eval_set("gec-heldout")

@@ -115,15 +115,16 @@ def test_a_registered_version_is_deployed_and_answers_through_the_router(platfor
     assert answer.json() == {"predictions": [0]}
 
 
-def test_the_tiny_llm_answers_the_openai_client_through_the_router(platform, tmp_path):
+def test_the_tiny_llm_answers_the_openai_client_through_the_router(platform, tmp_path, tiny_llama):
     from openai import OpenAI
 
     spec = tmp_path / "tiny.yaml"
     spec.write_text("name: tiny-llm\nmodel: models:/tiny-llm@champion\nscaling: {min_replicas: 1, max_replicas: 1}\n"
                     "cost_model: {input_tokens: [16, 64], output_tokens: [4, 16], concurrency: [1, 4], max_point_s: 5}\n")
     assert platform.cli("endpoints", "create", "-f", str(spec)).returncode == 0
-    register(platform, "import sys, tempfile, pathlib; from demo.tiny_llama import build_tiny_llama, log_tiny_llama;"
-                       "d = build_tiny_llama(pathlib.Path(tempfile.mkdtemp()) / 'tiny'); v = log_tiny_llama(sys.argv[1], d);"
+    checkpoint = tiny_llama(tmp_path / "tiny")  # demo.tiny_llama's build, made once for the run
+    register(platform, f"import sys, pathlib; from demo.tiny_llama import log_tiny_llama;"
+                       f"v = log_tiny_llama(sys.argv[1], pathlib.Path({str(checkpoint)!r}));"
                        "from mlflow import MlflowClient; MlflowClient(sys.argv[1], sys.argv[1])"
                        ".set_registered_model_alias('tiny-llm', 'champion', v.version)")
     # quantization, the eval gate, the cost sweep and the first build of the vLLM environment layer

@@ -59,11 +59,11 @@ def test_a_classic_model_passes_through_recorded_as_not_quantized(deploy, mlflow
     assert evaluation.passed and "nothing" in str(evaluation.metadata["compared"].value)
 
 
-def test_a_plan_the_engine_cannot_run_fails_naming_scheme_and_engine(deploy, mlflow_uri, tmp_path):
-    from demo.tiny_llama import build_tiny_llama, log_tiny_llama
+def test_a_plan_the_engine_cannot_run_fails_naming_scheme_and_engine(deploy, mlflow_uri, tmp_path, tiny_llama):
+    from demo.tiny_llama import log_tiny_llama
     from mlflow import MlflowClient
 
-    log_tiny_llama(mlflow_uri, build_tiny_llama(tmp_path / "tiny"), registered_model_name="tiny-llm")
+    log_tiny_llama(mlflow_uri, tiny_llama(tmp_path / "tiny"), registered_model_name="tiny-llm")
     MlflowClient(mlflow_uri, mlflow_uri).set_registered_model_alias("tiny-llm", "champion", "1")
     result = deploy("tiny-llm.v1", "name: tiny\nmodel: models:/tiny-llm@champion\n"
                                    "quantization: {scheme: fp8, weight_granularity: tensor}\n")
@@ -76,11 +76,11 @@ def test_a_plan_the_engine_cannot_run_fails_naming_scheme_and_engine(deploy, mlf
     assert result.get_asset_check_evaluations() == []
 
 
-def test_a_missing_quantization_environment_is_named(deploy, mlflow_uri, tmp_path):
-    from demo.tiny_llama import build_tiny_llama, log_tiny_llama
+def test_a_missing_quantization_environment_is_named(deploy, mlflow_uri, tmp_path, tiny_llama):
+    from demo.tiny_llama import log_tiny_llama
     from mlflow import MlflowClient
 
-    log_tiny_llama(mlflow_uri, build_tiny_llama(tmp_path / "tiny"), registered_model_name="tiny-llm")
+    log_tiny_llama(mlflow_uri, tiny_llama(tmp_path / "tiny"), registered_model_name="tiny-llm")
     MlflowClient(mlflow_uri, mlflow_uri).set_registered_model_alias("tiny-llm", "champion", "1")
     result = deploy("tiny-llm.v1", "name: tiny\nmodel: models:/tiny-llm@champion\n")
 

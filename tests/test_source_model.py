@@ -33,10 +33,10 @@ def materialize_version(uri: str, store: Path, key: str):
     return result.output_for_node("source_model"), metadata
 
 
-def test_tiny_llm_is_downloaded_and_described(registry_uri, tmp_path):
-    from demo.tiny_llama import build_tiny_llama, log_tiny_llama
+def test_tiny_llm_is_downloaded_and_described(registry_uri, tmp_path, tiny_llama):
+    from demo.tiny_llama import log_tiny_llama
 
-    checkpoint = build_tiny_llama(tmp_path / "tiny")
+    checkpoint = tiny_llama(tmp_path / "tiny")
     log_tiny_llama(registry_uri, checkpoint, registered_model_name="tiny-llm")
     expected_parameters = sum(safetensors_parameter_count(p) for p in checkpoint.glob("*.safetensors"))
 
