@@ -62,6 +62,7 @@ LONGEST_FIRST = (
     "tests/test_faults.py",  # `make test` runs it alone afterwards (`make test-faults`)
     "tests/test_deploy_gate.py",
     "tests/test_platform.py",
+    "tests/test_deploy_gate_fp8.py",  # beside the deploy-gate module, not after it
     "tests/test_supervisor.py",
     "tests/test_serving_image.py",
     "tests/test_autoscale_live.py",
