@@ -13,6 +13,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from cluster.protocol import Cluster, Replica
+from serving.runtime.liveness import LivenessConfig
 
 
 def kubernetes_api(kubeconfig: Path | None):
@@ -33,7 +34,7 @@ def kubernetes_api(kubeconfig: Path | None):
 
 def make_cluster(backend: str, engine: Engine, *, namespace: str = "modelplane", kubeconfig: Path | None = None,
                  runtime_image: str = "modelplane:latest", models_claim: str | None = "modelplane-home",
-                 home_path: str = "/var/lib/modelplane") -> Cluster:
+                 home_path: str = "/var/lib/modelplane", liveness: LivenessConfig | None = None) -> Cluster:
     if backend == "local":
         from cluster.local.backend import LocalCluster
 
@@ -43,7 +44,7 @@ def make_cluster(backend: str, engine: Engine, *, namespace: str = "modelplane",
         from cluster.kubernetes.config import KubernetesConfig
 
         config = KubernetesConfig(namespace=namespace, runtime_image=runtime_image, models_claim=models_claim,
-                                  home_path=home_path)
+                                  home_path=home_path, liveness=liveness or LivenessConfig())
         return KubernetesCluster(kubernetes_api(kubeconfig), config)
     raise ValueError(f"unknown cluster backend {backend!r}; known: local, kubernetes")
 
@@ -51,7 +52,7 @@ def make_cluster(backend: str, engine: Engine, *, namespace: str = "modelplane",
 def from_settings(settings, engine: Engine) -> Cluster:
     return make_cluster(settings.cluster, engine, namespace=settings.k8s_namespace, kubeconfig=settings.kubeconfig,
                         runtime_image=settings.k8s_runtime_image, models_claim=settings.k8s_models_claim,
-                        home_path=str(settings.home))
+                        home_path=str(settings.home), liveness=settings.liveness())
 
 
 class ReplicaFeed:

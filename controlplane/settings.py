@@ -23,11 +23,13 @@ import secrets
 import tempfile
 from pathlib import Path
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: Given to every process modelplane starts: no usage telemetry leaves a self-hosted install.
 OFFLINE_ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+#: ``Settings.liveness_<name>``, from ``MODELPLANE_LIVENESS_<NAME>``: the fields of ``LivenessConfig``.
+LIVENESS_SETTINGS = ("hang_after_s", "idle_probe_after_s", "probe_timeout_s", "unanswered_after_s")
 
 
 class Ports(BaseModel):
@@ -79,6 +81,12 @@ class Settings(BaseModel):
     router_url_override: str | None = None  # MODELPLANE_ROUTER_URL: where run workers and sensors reach the router
     advertise_host: str | None = None  # MODELPLANE_ADVERTISE_HOST: the address a router reports for its own port
     prometheus: bool = False  # `modelplane up --prometheus`: run Prometheus and its targets writer (docs/metrics.md)
+    # Liveness by forward progress (serving/runtime/liveness.py), for every replica the platform runs:
+    # MODELPLANE_LIVENESS_HANG_AFTER_S, _IDLE_PROBE_AFTER_S, _PROBE_TIMEOUT_S, _UNANSWERED_AFTER_S.
+    liveness_hang_after_s: float = Field(60.0, gt=0, description="work outstanding this long with no progress: hung")
+    liveness_idle_probe_after_s: float = Field(30.0, gt=0, description="idle this long: send a one-token probe")
+    liveness_probe_timeout_s: float = Field(30.0, gt=0, description="a probe unanswered this long: hung")
+    liveness_unanswered_after_s: float = Field(20.0, gt=0, description="/metrics unanswered this long: hung")
 
     @field_validator("host")
     @classmethod
@@ -107,6 +115,11 @@ class Settings(BaseModel):
         if value not in MODES:
             raise ValueError(f"{MODE_ENV} must be one of {', '.join(MODES)}, got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _liveness_consistent(self) -> "Settings":
+        self.liveness()  # its own check: an idle replica must not be judged hung sooner than a busy one
+        return self
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "Settings":
@@ -146,7 +159,15 @@ class Settings(BaseModel):
             k8s_models_claim=env.get("MODELPLANE_K8S_MODELS_CLAIM", "modelplane-home").strip() or None,
             router_url_override=env.get("MODELPLANE_ROUTER_URL", "").strip().rstrip("/") or None,
             advertise_host=env.get("MODELPLANE_ADVERTISE_HOST", "").strip() or None,
+            **{f"liveness_{name}": float(env[f"MODELPLANE_LIVENESS_{name.upper()}"]) for name in LIVENESS_SETTINGS
+               if env.get(f"MODELPLANE_LIVENESS_{name.upper()}", "").strip()},
         )
+
+    def liveness(self):
+        """The forward-progress thresholds every replica is judged by (a ``LivenessConfig``)."""
+        from serving.runtime.liveness import LivenessConfig
+
+        return LivenessConfig(**{name: getattr(self, f"liveness_{name}") for name in LIVENESS_SETTINGS})
 
     # -- derived paths -------------------------------------------------------------------
     @property

@@ -3,14 +3,19 @@ versions, and saying what the spec says (resources, probes, drain, ownership, la
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import replace
 
 import pytest
 
+from cluster.kubernetes import probes
 from cluster.kubernetes.config import MANAGED_BY, REVISION_ANNOTATION, REVISION_LABEL, KubernetesConfig
 from cluster.kubernetes.manifests import (IMAGE_MOUNT, deployment, model_dir_in_pod, object_name, revision_objects,
                                           startup_budget_s)
 from cluster.protocol import RevisionSpec
+from controlplane.settings import Settings
+from serving.runtime.liveness import LivenessConfig
 from tests.kube_schemas import K8S_VERSIONS, validate
 
 CONFIG = KubernetesConfig(namespace="serving", runtime_image="registry.example/modelplane:1.0",
@@ -78,6 +83,7 @@ def test_readiness_is_the_model_loaded_liveness_is_forward_progress_and_stopping
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"
     live = container["livenessProbe"]["exec"]["command"]
     assert live[:4] == ["python", "-m", "cluster.kubernetes.probes", "live"] and "--state" in live
+    assert json.loads(live[live.index("--liveness") + 1]) == dataclasses.asdict(CONFIG.liveness)
     drain = container["lifecycle"]["preStop"]["exec"]["command"]
     assert drain[:4] == ["python", "-m", "cluster.kubernetes.probes", "drain"]
     assert int(drain[drain.index("--timeout-s") + 1]) < pod["terminationGracePeriodSeconds"]
@@ -108,3 +114,12 @@ def test_a_bad_install_config_is_refused_with_what_is_wrong():
         KubernetesConfig(namespace="Bad_NS")
     with pytest.raises(ValueError, match="termination_grace_s must exceed drain_settle_s"):
         KubernetesConfig(termination_grace_s=5, drain_settle_s=5)
+
+
+def test_the_liveness_probe_judges_by_the_platforms_liveness_settings():
+    settings = Settings.from_env({"MODELPLANE_HOME": "/tmp/mp", "MODELPLANE_LIVENESS_HANG_AFTER_S": "50",
+                                  "MODELPLANE_LIVENESS_UNANSWERED_AFTER_S": "45"})
+    config = replace(CONFIG, liveness=settings.liveness())
+    live = deployment(spec(), config)["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["exec"]["command"]
+    args = probes.parser().parse_args(live[3:])
+    assert LivenessConfig(**json.loads(args.liveness)) == LivenessConfig(hang_after_s=50, unanswered_after_s=45)

@@ -39,7 +39,8 @@ def pod(iris_dir, tmp_path):
         assert process.poll() is None, "the launcher exited before the server answered"
         time.sleep(0.3)
     args = argparse.Namespace(runtime="pyfunc", port=port, model_dir=str(iris_dir), model_name="iris",
-                              state=str(tmp_path / "liveness.json"), probe_timeout_s=8.0, settle_s=0.0, timeout_s=10.0)
+                              state=str(tmp_path / "liveness.json"), probe_timeout_s=8.0, settle_s=0.0, timeout_s=10.0,
+                              liveness="{}")
     try:
         yield process, port, args
     finally:

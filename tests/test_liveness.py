@@ -70,6 +70,23 @@ def test_config_is_checked_when_built(kwargs, message):
         LivenessConfig(**kwargs)
 
 
+def test_the_platform_settings_give_every_replica_its_thresholds_and_refuse_a_contradiction():
+    from pydantic import ValidationError
+
+    from controlplane.settings import Settings
+
+    assert Settings.from_env({"MODELPLANE_HOME": "/tmp/mp"}).liveness() == LivenessConfig()
+    tuned = Settings.from_env({"MODELPLANE_HOME": "/tmp/mp", "MODELPLANE_LIVENESS_HANG_AFTER_S": "20",
+                               "MODELPLANE_LIVENESS_IDLE_PROBE_AFTER_S": "15", "MODELPLANE_LIVENESS_PROBE_TIMEOUT_S": "5",
+                               "MODELPLANE_LIVENESS_UNANSWERED_AFTER_S": "10"})
+    assert tuned.liveness() == LivenessConfig(hang_after_s=20, idle_probe_after_s=15, probe_timeout_s=5,
+                                              unanswered_after_s=10)
+    with pytest.raises(ValidationError, match="judged hung sooner"):
+        Settings.from_env({"MODELPLANE_HOME": "/tmp/mp", "MODELPLANE_LIVENESS_HANG_AFTER_S": "600"})
+    with pytest.raises(ValidationError, match="greater than 0"):
+        Settings.from_env({"MODELPLANE_HOME": "/tmp/mp", "MODELPLANE_LIVENESS_UNANSWERED_AFTER_S": "0"})
+
+
 configs = st.builds(
     lambda idle, hang, extra: LivenessConfig(idle_probe_after_s=idle, hang_after_s=hang,
                                              probe_timeout_s=max(hang - idle, 0) + extra),

@@ -74,8 +74,8 @@ class ReplicaState:
 
 
 class FaultBed:
-    def __init__(self, root: Path, log: Callable[[str], None] = print) -> None:
-        self.root, self.log = root, log
+    def __init__(self, root: Path, log: Callable[[str], None] = print, env: dict[str, str] | None = None) -> None:
+        self.root, self.log, self.env = root, log, env or {}
         self.work = root / "loops"
         self.database = f"modelplane_faults_{uuid.uuid4().hex[:10]}"
         self._admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
@@ -95,7 +95,8 @@ class FaultBed:
     # -- set-up ------------------------------------------------------------------------------
     def start(self) -> "FaultBed":
         started = time.monotonic()
-        self.platform = RunningPlatform(self.root / "home", self.gated_url, "--routers", str(ROUTERS)).wait_up()
+        self.platform = RunningPlatform(self.root / "home", self.gated_url, "--routers", str(ROUTERS),
+                                        env=self.env).wait_up()
         self.log(f"platform up in {time.monotonic() - started:.0f} s")
         self.admin_token = self._admin_token()
         # smol's and slow's replicas start while iris goes through its deploy run

@@ -173,12 +173,14 @@ def long_generation(bed: FaultBed, target_s: float = 150.0, hang_after_s: float 
             break
         rate = tokens / took_s
     [after] = bed.replicas("smol")
+    supervisor_log = (bed.platform.home / "logs" / "supervisor.log").read_text(errors="replace")
     tally = Tally(sent=len(runs), ok=len(runs) - int(status != 200), refused=0,
                   failed=int(status not in (0, 200)), lost=int(status == 0),
                   max_latency_s=took_s, first_bad_s=None, last_bad_s=None)
     return FaultResult.judged(
         "a long generation on an otherwise idle replica", "not restarted", tally,
         {"answered whole": generated == tokens,
+         f"the platform's hang bound is {hang_after_s:g} s": f"hung after {hang_after_s:g} s of work" in supervisor_log,
          f"it outlasted the hang bound ({hang_after_s:g} s)": took_s > hang_after_s,
          "the replica was not restarted": (after.pid, after.restarts) == (before.pid, before.restarts)},
         notes="; ".join(runs) + f"; status {status}")

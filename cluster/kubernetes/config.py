@@ -8,7 +8,9 @@ comes from the endpoint spec's ``replica`` options.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from serving.runtime.liveness import LivenessConfig
 
 #: The label every object the backend creates carries; lists and watches select on it.
 MANAGED_BY = {"app.kubernetes.io/managed-by": "modelplane"}
@@ -43,6 +45,7 @@ class KubernetesConfig:
     drain_settle_s: float = 5.0  # preStop: wait for routers to see the endpoint go, before draining
     probe_period_s: int = 10  # liveness (forward progress) look interval
     watch_timeout_s: int = 300  # each EndpointSlice watch request ends after this and is renewed (as client-go's)
+    liveness: LivenessConfig = field(default_factory=LivenessConfig)  # MODELPLANE_LIVENESS_*: the probe's thresholds
 
     def __post_init__(self) -> None:
         problems = []

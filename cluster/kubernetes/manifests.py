@@ -21,6 +21,7 @@ for the requests in flight to finish.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -125,7 +126,8 @@ def deployment(spec: RevisionSpec, config: KubernetesConfig) -> dict:
                            "failureThreshold": 2},
         "livenessProbe": {"exec": {"command": [*python, "cluster.kubernetes.probes", "live", *probe_args,
                                                "--state", f"{STATE_DIR}/liveness.json",
-                                               "--probe-timeout-s", str(max(1, config.probe_period_s - 2))]},
+                                               "--probe-timeout-s", str(max(1, config.probe_period_s - 2)),
+                                               "--liveness", json.dumps(dataclasses.asdict(config.liveness))]},
                           "periodSeconds": config.probe_period_s, "timeoutSeconds": config.probe_period_s,
                           "failureThreshold": 1},
         "lifecycle": {"preStop": {"exec": {"command": [

@@ -59,7 +59,7 @@ def _post(url: str, body: dict, timeout_s: float) -> None:
 
 
 def live(args: argparse.Namespace, now_s: float | None = None) -> int:
-    runtime, config = runtime_for(args.runtime), LivenessConfig()
+    runtime, config = runtime_for(args.runtime), LivenessConfig(**json.loads(args.liveness))
     base, state_path = f"http://127.0.0.1:{args.port}", Path(args.state)
     now_s = time.monotonic() if now_s is None else now_s
     state, unanswered_since_s = read_state(state_path)
@@ -113,7 +113,9 @@ def parser() -> argparse.ArgumentParser:
     live_parser.add_argument("--model-dir", required=True)
     live_parser.add_argument("--model-name", required=True)
     live_parser.add_argument("--state", required=True)
-    live_parser.add_argument("--probe-timeout-s", type=float, default=8.0)
+    live_parser.add_argument("--probe-timeout-s", type=float, default=8.0, help="the probe request's HTTP timeout")
+    live_parser.add_argument("--liveness", default="{}",
+                             help="LivenessConfig's fields as JSON (the platform's MODELPLANE_LIVENESS_*); {}: defaults")
     drain_parser = commands.choices["drain"]
     drain_parser.add_argument("--settle-s", type=float, default=5.0)
     drain_parser.add_argument("--timeout-s", type=float, default=110.0)

@@ -57,7 +57,7 @@ class SupervisorConfig:
     restart_backoff_max_s: float = 30.0
     stop_grace_s: float = 15.0
     router_wait_s: float = 10.0  # a stopping replica waits this long at most for every router to drop it
-    liveness: LivenessConfig = LivenessConfig()  # idle probe 30 s, hung after 60 s without progress
+    liveness: LivenessConfig = LivenessConfig()  # MODELPLANE_LIVENESS_*: idle probe 30 s, hung after 60 s
     write_retry_s: float = 60.0  # keep retrying a status write this long through a locked database
 
 

@@ -177,9 +177,12 @@ def main() -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    liveness = settings.liveness()
     supervisor = Supervisor(make_engine(settings.database_url), settings.logs_dir / "replicas",
-                            SupervisorConfig(host=settings.host), image_mounts(settings), warm_pool(settings))
-    log.info("supervisor running")
+                            SupervisorConfig(host=settings.host, liveness=liveness), image_mounts(settings),
+                            warm_pool(settings))
+    log.info("supervisor running; a replica is hung after %g s of work without progress, or %g s without "
+             "answering /metrics", liveness.hang_after_s, liveness.unanswered_after_s)
     supervisor.run(stop)
 
 
