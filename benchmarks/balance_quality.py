@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import router_bench_replica as bench
+from cluster.local.replica import free_ports
 from benchmarks import router_loadgen as loadgen
 from benchmarks.machine import write_result
 from benchmarks.repeats import spread
@@ -227,7 +228,7 @@ class Fleet:
     """The replica processes of one level (``slow`` of them SLOWDOWN× slower); ``with`` stops them."""
 
     def __init__(self, log_dir: Path, slow: int) -> None:
-        self.ports = [bench.free_port() for _ in range(REPLICAS)]
+        self.ports = free_ports("127.0.0.1", REPLICAS)
         slowdown = {str(port): SLOWDOWN for port in self.ports[:slow]}
         per_process = REPLICAS // PROCESSES
         self.processes = [bench.start("llm-replicas", {"ports": self.ports[k:k + per_process], "cost": list(cost()),

@@ -126,3 +126,17 @@ def test_every_backend_stops_the_named_victims_first_and_reuses_their_ids(backen
     assert after == {"iris-r2-1": urls["iris-r2-1"]}
     cluster.delete("iris-r2")
     wait(lambda: cluster.replicas("iris-r2") == [], "the revision's replicas to go")
+
+
+def test_ports_picked_together_are_distinct_and_free():
+    """A platform's services get ports picked at once: one port given to two services fails
+    `up` (a run saw MLflow and Dagster's webserver handed the same one)."""
+    import socket
+
+    from cluster.local.replica import free_ports
+
+    for _ in range(5):
+        ports = free_ports("127.0.0.1", 200)
+        assert len(set(ports)) == 200
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports[0]))  # released again once chosen

@@ -20,7 +20,7 @@ import psutil
 
 from benchmarks.polling import wait_for
 from serving.tls import tls_context
-from cluster.local.replica import free_port
+from cluster.local.replica import free_ports
 
 REPO = Path(__file__).resolve().parent.parent.parent
 MODELPLANE = str(Path(sys.executable).parent / "modelplane")
@@ -43,7 +43,7 @@ class RunningPlatform:
     def __init__(self, home: Path, database_url: str | None = None, *args: str,
                  env: dict[str, str] | None = None) -> None:
         self.home = home
-        self.ports = {name: free_port("127.0.0.1") for name in PORT_SETTINGS}
+        self.ports = dict(zip(PORT_SETTINGS, free_ports("127.0.0.1", len(PORT_SETTINGS))))
         self.env = {**os.environ, "MODELPLANE_HOME": str(home), **{k: str(v) for k, v in self.ports.items()},
                     **(env or {})}
         self.env.pop("MODELPLANE_DATABASE_URL", None)

@@ -10,6 +10,7 @@ when it exits or is found hung. What it sees goes into the ``replicas`` table.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -65,6 +66,16 @@ def free_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def free_ports(host: str, count: int) -> list[int]:
+    """``count`` distinct free ports: each socket stays bound until all are chosen, so the kernel
+    cannot hand the same port out twice (``free_port`` called ``count`` times can)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
 
 
 def kill_group(process: subprocess.Popen, grace_s: float) -> None:
