@@ -83,10 +83,11 @@ class Settings(BaseModel):
     prometheus: bool = False  # `modelplane up --prometheus`: run Prometheus and its targets writer (docs/metrics.md)
     # Liveness by forward progress (serving/runtime/liveness.py), for every replica the platform runs:
     # MODELPLANE_LIVENESS_HANG_AFTER_S, _IDLE_PROBE_AFTER_S, _PROBE_TIMEOUT_S, _UNANSWERED_AFTER_S.
-    liveness_hang_after_s: float = Field(60.0, gt=0, description="work outstanding this long with no progress: hung")
-    liveness_idle_probe_after_s: float = Field(30.0, gt=0, description="idle this long: send a one-token probe")
-    liveness_probe_timeout_s: float = Field(30.0, gt=0, description="a probe unanswered this long: hung")
-    liveness_unanswered_after_s: float = Field(20.0, gt=0, description="/metrics unanswered this long: hung")
+    # None: LivenessConfig's default (60, 30, 30 and 20 s).
+    liveness_hang_after_s: float | None = Field(None, gt=0, description="work outstanding this long with no progress: hung")
+    liveness_idle_probe_after_s: float | None = Field(None, gt=0, description="idle this long: send a one-token probe")
+    liveness_probe_timeout_s: float | None = Field(None, gt=0, description="a probe unanswered this long: hung")
+    liveness_unanswered_after_s: float | None = Field(None, gt=0, description="/metrics unanswered this long: hung")
 
     @field_validator("host")
     @classmethod
@@ -167,7 +168,8 @@ class Settings(BaseModel):
         """The forward-progress thresholds every replica is judged by (a ``LivenessConfig``)."""
         from serving.runtime.liveness import LivenessConfig
 
-        return LivenessConfig(**{name: getattr(self, f"liveness_{name}") for name in LIVENESS_SETTINGS})
+        return LivenessConfig(**{name: getattr(self, f"liveness_{name}") for name in LIVENESS_SETTINGS
+                                 if getattr(self, f"liveness_{name}") is not None})
 
     # -- derived paths -------------------------------------------------------------------
     @property
