@@ -126,7 +126,7 @@ def eval_gate(
     specs, _ = serving_specs(control_plane.endpoints().list(), model, version, client.alias_version)
     gate = agreed_eval_gate(specs)
     thresholds = GateThresholds.from_spec(gate)
-    data = load_eval_set(gate.dataset)
+    data = load_eval_set(gate.dataset).sample(gate.max_examples)
     logs = Path(model_store.version_dir(model, version, "eval"))
     log = context.log.info
     profile = cluster.hardware_profile()

@@ -79,6 +79,10 @@ class EvalGate(_Strict):
     """The quality bar a quantized candidate must clear before it may serve (docs/quantization.md)."""
 
     dataset: str | None = Field(None, description="Evaluation set name; none means gec-heldout, the demo set.")
+    max_examples: int | None = Field(
+        None, ge=10, description="Evaluate on at most this many examples of the set, evenly spaced through it, and as "
+        "many of its NLL texts; none means all. Bounds the gate's time on slow hardware: fewer examples widen the "
+        "paired tests' intervals, so a smaller drop goes unproven.")
     metric: EvalMetric = Field(EvalMetric.exact_match, description="Task metric compared with baseline and serving revision.")
     max_regression: float = Field(
         0.05, ge=0.0, le=1.0, description="Largest allowed drop of the task metric (absolute, 0-1) against baseline and serving."

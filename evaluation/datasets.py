@@ -74,6 +74,35 @@ class EvalSet:
     def example(self, example_id: str) -> EvalExample:
         return next(e for e in self.examples if e.id == example_id)
 
+    def sample(self, max_examples: int | None) -> EvalSet:
+        """At most ``max_examples`` examples, evenly spaced through the set so that its kinds stay
+        mixed, and as many NLL texts, spaced the same way; the whole set when it is no larger
+        (or ``max_examples`` is None). A sample is named after its size, and its fingerprint is
+        its own, so a stored result of the whole set never stands for it.
+
+        >>> whole = EvalSet("s", [EvalExample(f"e{i}", [], f"r{i}", "k") for i in range(10)],
+        ...                 [f"t{i}" for i in range(10)])
+        >>> part = whole.sample(4)
+        >>> part.name, [e.id for e in part.examples], part.nll_texts
+        ('s-4of10', ['e0', 'e2', 'e5', 'e7'], ['t0', 't2', 't5', 't7'])
+        >>> whole.sample(10) is whole and whole.sample(None) is whole
+        True
+        """
+        if max_examples is None or max_examples >= len(self.examples):
+            return self
+        if max_examples < 1:
+            raise ValueError(f"max_examples must be at least 1, got {max_examples}")
+        return EvalSet(name=f"{self.name}-{max_examples}of{len(self.examples)}",
+                       examples=_evenly_spaced(self.examples, max_examples),
+                       nll_texts=_evenly_spaced(self.nll_texts, max_examples))
+
+
+def _evenly_spaced(items: list, count: int) -> list:
+    """``count`` of ``items`` (all when there are no more), from the first, evenly spaced."""
+    if count >= len(items):
+        return list(items)
+    return [items[i * len(items) // count] for i in range(count)]
+
 
 def example_id(source: str, prefix: str = "gec") -> str:
     """A short stable id for a sentence: ``prefix`` + the first 10 hex digits of SHA-256(source)."""

@@ -73,3 +73,14 @@ def test_example_ids_are_stable_across_calls_and_sets():
     first, again = eval_set("gec-heldout"), eval_set("gec-heldout")
     assert [e.id for e in first.examples] == [e.id for e in again.examples]
     assert not {e.id for e in first.examples} & {e.id for e in eval_set("gec-dev").examples}
+
+
+def test_a_sample_keeps_every_error_kind_and_is_told_apart_from_the_whole_set():
+    whole = eval_set("gec-heldout")
+    sample = whole.sample(64)
+
+    assert (sample.name, len(sample.examples), len(sample.nll_texts)) == ("gec-heldout-64of351", 64, 64)
+    assert {e.kind for e in sample.examples} == {e.kind for e in whole.examples}
+    assert set(sample.references.items()) <= set(whole.references.items())
+    assert sample.fingerprint != whole.fingerprint
+    assert whole.sample(len(whole.examples)) is whole and whole.sample(None) is whole

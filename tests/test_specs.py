@@ -40,6 +40,7 @@ def test_minimal_spec_takes_the_documented_defaults():
         ("eval_gate: {max_regression: 2}\n", "eval_gate.max_regression", "less than or equal to 1"),
         ("eval_gate: {dataset: squad}\n", "eval_gate.dataset", "unknown evaluation set 'squad'; known: gec-dev"),
         ("eval_gate: {metric: bleu}\n", "eval_gate.metric", "'exact_match' or 'similarity'"),
+        ("eval_gate: {max_examples: 5}\n", "eval_gate.max_examples", "greater than or equal to 10"),
         ("slo: {p99_latency_ms: .inf}\n", "slo.p99_latency_ms", "finite number"),
         ("slo: {p99_latency_ms: .nan}\n", "slo.p99_latency_ms", "finite number"),
         ("eval_gate: {max_nll_increase: .inf}\n", "eval_gate.max_nll_increase", "finite number"),
