@@ -70,7 +70,7 @@ LONGEST_FIRST = (
     "tests/test_amx.py",
     "tests/test_source_model.py",
     "tests/test_warm_pool.py",
-    "tests/test_engine_eval.py",
+    "tests/test_demo_models.py",
     "tests/test_kubernetes_pod.py",
 )
 

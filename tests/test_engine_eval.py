@@ -1,4 +1,4 @@
-"""Evaluating on an OpenAI-compatible engine: against a fake server in vLLM's shapes, then real vLLM."""
+"""Evaluating on an OpenAI-compatible engine, against a fake server in vLLM's shapes (the real engine: tests/test_vllm_runtime.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
@@ -174,26 +173,5 @@ def test_results_survive_a_json_round_trip(nll):
     assert (math.isnan(again.nll) and math.isnan(nll)) or again.nll == nll
 
 
-# ---- the real engine ---------------------------------------------------------------------------
-
-@pytest.mark.slow
-def test_live_evaluation_of_the_tiny_llama_on_vllm(tmp_path: Path, tiny_llama):
-    """One vLLM start (≈ 30 s on 2 cores): the held-out GEC set on the tiny Llama checkpoint."""
-    from serving.runtime.base import RuntimeConfig
-    from serving.runtime.process import running_server
-    from serving.runtime.vllm_runtime import VllmRuntime
-
-    model_dir = tiny_llama(tmp_path / "tiny")
-    port = free_port()
-    launch = VllmRuntime().command(model_dir, "127.0.0.1", port, RuntimeConfig(model_name="m"))
-    held_out = eval_set("gec-heldout")
-    with running_server(launch.argv, launch.env, port, tmp_path / "vllm.log", startup_timeout_s=300) as (base, _):
-        result = evaluate(base, "m", held_out, label="tiny")
-    assert result.n_examples == len(held_out.examples) == len(result.outputs)
-    assert set(result.outputs) == {e.id for e in held_out.examples}
-    assert all(isinstance(answer, str) for answer in result.outputs.values())
-    assert math.isfinite(result.nll) and result.nll > 0
-    assert result.n_nll_tokens > len(held_out.nll_texts)  # several scored tokens per text
-    assert set(result.task) == {"exact_match", "similarity"}
-    assert all(0.0 <= value <= 1.0 for value in result.task.values())
-    assert result.duration_s > 0
+# The real engine: tests/test_vllm_runtime.py evaluates the held-out set on its live vLLM server
+# (one engine start for that module instead of one more here).

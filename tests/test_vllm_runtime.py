@@ -463,6 +463,26 @@ def test_live_streaming_load_records_time_to_first_token(live_server):
     assert all(0 < ttft <= latency for ttft, latency in zip(result.ttfts_s, result.latencies_s))
 
 
+@pytest.mark.slow
+def test_live_evaluation_of_the_held_out_set_scores_every_example(live_server):
+    """evaluation.engine_eval on real vLLM: the held-out GEC set on the tiny Llama."""
+    import math
+
+    from evaluation.datasets import eval_set
+    from evaluation.engine_eval import evaluate
+
+    held_out = eval_set("gec-heldout")
+    result = evaluate(live_server["base"], "tiny", held_out, label="tiny")
+    assert result.n_examples == len(held_out.examples) == len(result.outputs)
+    assert set(result.outputs) == {e.id for e in held_out.examples}
+    assert all(isinstance(answer, str) for answer in result.outputs.values())
+    assert math.isfinite(result.nll) and result.nll > 0
+    assert result.n_nll_tokens > len(held_out.nll_texts)  # several scored tokens per text
+    assert set(result.task) == {"exact_match", "similarity"}
+    assert all(0.0 <= value <= 1.0 for value in result.task.values())
+    assert result.duration_s > 0
+
+
 @pytest.mark.parametrize("amx, plugins, expected", [
     ("auto", None, {"MODELPLANE_AMX": "auto"}),
     ("off", None, {"MODELPLANE_AMX": "off", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}),
