@@ -190,3 +190,15 @@ def iris(tmp_path_factory):
 def iris_dir(iris) -> Path:
     """The demo iris model's directory (an MLflow pyfunc model)."""
     return iris[1]
+
+
+@pytest.fixture(scope="module")
+def quick_model_dir(tmp_path_factory) -> Path:
+    """An MLflow pyfunc model for the tests of what starts, watches and stops replicas rather than of
+    what they serve: demo.service_time_model at 1 ms a row (``{"x": [1.0]}`` in, ``{"served": [1]}``
+    out). Its replica is ready after 2.3 CPU-seconds against the iris model's 8 (2-core Xeon,
+    2026-12-07): no scikit-learn, and no skops, whose list of trusted types imports every
+    scikit-learn module and, through scikit-learn's array-API shims, torch where it is installed."""
+    from demo.service_time_model import save_service_time_model
+
+    return save_service_time_model(tmp_path_factory.mktemp("quick-model") / "model", 1.0)

@@ -58,7 +58,7 @@ def backend(request, tmp_path):
     from cluster.local.supervisor import Supervisor, SupervisorConfig
     from controlplane import db
 
-    iris_dir = request.getfixturevalue("iris_dir")
+    model_dir = request.getfixturevalue("quick_model_dir")
     url = f"sqlite:///{tmp_path / 'cp.db'}"
     db.upgrade(url)
     engine = db.make_engine(url)
@@ -67,7 +67,7 @@ def backend(request, tmp_path):
     thread = threading.Thread(target=supervisor.run, args=(stop,), daemon=True)
     thread.start()
     try:
-        yield LocalCluster(engine), str(iris_dir), lambda predicate, what: wait_for(predicate, 120, what)
+        yield LocalCluster(engine), str(model_dir), lambda predicate, what: wait_for(predicate, 120, what)
     finally:
         stop.set()
         thread.join(60)

@@ -1,4 +1,5 @@
-"""The local cluster backend for real: the supervisor runs pyfunc replicas of the iris model."""
+"""The local cluster backend for real: the supervisor runs pyfunc replicas of an MLflow model
+(``quick_model_dir`` in tests/conftest.py: what is tested is what starts, watches and stops them)."""
 
 import contextlib
 import os
@@ -16,7 +17,6 @@ from cluster.protocol import RevisionSpec
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
-COLUMNS = ["sepal length (cm)", "sepal width (cm)", "petal length (cm)", "petal width (cm)"]
 
 
 
@@ -59,7 +59,7 @@ def ready(cluster, revision_id, count):
 
 
 def predict(url: str) -> httpx.Response:
-    return httpx.post(f"{url}/invocations", json={"dataframe_split": {"columns": COLUMNS, "data": [[5.1, 3.5, 1.4, 0.2]]}},
+    return httpx.post(f"{url}/invocations", json={"dataframe_split": {"columns": ["x"], "data": [[1.0]]}},
                       timeout=10)
 
 
@@ -69,11 +69,11 @@ def test_plan_and_backoff_are_pure():  # plan's cases: tests/test_replica_plan.p
     assert [restart_delay_s(n, 0.5, 4.0) for n in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
 
 
-def test_replicas_start_get_ready_restart_after_sigkill_and_stop(running, iris_dir, monkeypatch):
+def test_replicas_start_get_ready_restart_after_sigkill_and_stop(running, quick_model_dir, monkeypatch):
     cluster, supervisor = running
     monkeypatch.setenv("MODELPLANE_DATABASE_URL", "postgresql://modelplane:s3cret@db.internal/modelplane")
-    cluster.apply(RevisionSpec("iris-r1", "iris", str(iris_dir), "pyfunc", replicas=2))
-    replicas = wait_for(ready(cluster, "iris-r1", 2), 120, "two ready replicas")
+    cluster.apply(RevisionSpec("svc-r1", "svc", str(quick_model_dir), "pyfunc", replicas=2))
+    replicas = wait_for(ready(cluster, "svc-r1", 2), 120, "two ready replicas")
     assert all(predict(r.url).status_code == 200 for r in replicas)
     for managed in supervisor.replicas.values():  # model code never sees the control plane's secrets
         environ = open(f"/proc/{managed._process.pid}/environ", "rb").read()
@@ -83,33 +83,33 @@ def test_replicas_start_get_ready_restart_after_sigkill_and_stop(running, iris_d
     pid = supervisor.replicas[victim.replica_id]._process.pid
     os.kill(pid, signal.SIGKILL)
     # Out of the ready set while it restarts …
-    wait_for(lambda: not next(r for r in cluster.replicas("iris-r1") if r.replica_id == victim.replica_id).ready,
+    wait_for(lambda: not next(r for r in cluster.replicas("svc-r1") if r.replica_id == victim.replica_id).ready,
              30, "the killed replica to leave the ready set")
     # … and back, restarted once, answering again.
-    back = wait_for(lambda: [r for r in cluster.replicas("iris-r1") if r.replica_id == victim.replica_id
+    back = wait_for(lambda: [r for r in cluster.replicas("svc-r1") if r.replica_id == victim.replica_id
                              and r.ready and r.restarts == 1], 120, "the restarted replica")[0]
     assert predict(back.url).status_code == 200
 
-    cluster.scale("iris-r1", 1)
-    wait_for(lambda: [r.replica_id for r in cluster.replicas("iris-r1")] == ["iris-r1-0"], 60, "scale down to one")
+    cluster.scale("svc-r1", 1)
+    wait_for(lambda: [r.replica_id for r in cluster.replicas("svc-r1")] == ["svc-r1-0"], 60, "scale down to one")
     pids = [m._process.pid for m in supervisor.replicas.values()]
-    cluster.delete("iris-r1")
-    wait_for(lambda: cluster.replicas("iris-r1") == [], 60, "the revision's replicas to go")
+    cluster.delete("svc-r1")
+    wait_for(lambda: cluster.replicas("svc-r1") == [], 60, "the revision's replicas to go")
     _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=20)
     assert alive == []
 
 
-def test_a_stopped_engine_with_work_outstanding_is_found_hung_and_restarted(supervise, iris_dir):
+def test_a_stopped_engine_with_work_outstanding_is_found_hung_and_restarted(supervise, quick_model_dir):
     cluster, supervisor = supervise(SupervisorConfig(restart_backoff_initial_s=0.2, liveness_interval_s=0.2,
                                                      liveness=QUICK_LIVENESS))
-    cluster.apply(RevisionSpec("iris-r1", "iris", str(iris_dir), "pyfunc", replicas=1))
-    [replica] = wait_for(ready(cluster, "iris-r1", 1), 120, "a ready replica")
+    cluster.apply(RevisionSpec("svc-r1", "svc", str(quick_model_dir), "pyfunc", replicas=1))
+    [replica] = wait_for(ready(cluster, "svc-r1", 1), 120, "a ready replica")
     group = supervisor.replicas[replica.replica_id]._process.pid
     os.killpg(group, signal.SIGSTOP)  # a real hang: the process is alive, nothing moves
     try:
         with pytest.raises(httpx.HTTPError):
             predict(replica.url)  # stuck behind the stopped process
-        back = wait_for(lambda: [r for r in cluster.replicas("iris-r1") if r.ready and r.restarts == 1], 60,
+        back = wait_for(lambda: [r for r in cluster.replicas("svc-r1") if r.ready and r.restarts == 1], 60,
                         "the hung replica to be restarted")[0]
     finally:
         try:
@@ -120,10 +120,10 @@ def test_a_stopped_engine_with_work_outstanding_is_found_hung_and_restarted(supe
     assert predict(back.url).status_code == 200
 
 
-def test_an_error_in_a_watcher_restarts_the_replica_instead_of_ending_the_watch(running, iris_dir, monkeypatch):
+def test_an_error_in_a_watcher_restarts_the_replica_instead_of_ending_the_watch(running, quick_model_dir, monkeypatch):
     cluster, supervisor = running
-    cluster.apply(RevisionSpec("iris-r1", "iris", str(iris_dir), "pyfunc", replicas=1))
-    [replica] = wait_for(ready(cluster, "iris-r1", 1), 120, "a ready replica")
+    cluster.apply(RevisionSpec("svc-r1", "svc", str(quick_model_dir), "pyfunc", replicas=1))
+    [replica] = wait_for(ready(cluster, "svc-r1", 1), 120, "a ready replica")
     managed = supervisor.replicas[replica.replica_id]
     calls = []
     real_progress = managed.runtime.progress
@@ -135,23 +135,23 @@ def test_an_error_in_a_watcher_restarts_the_replica_instead_of_ending_the_watch(
         return real_progress(text)
 
     monkeypatch.setattr(managed.runtime, "progress", progress_failing_once)
-    back = wait_for(lambda: [r for r in cluster.replicas("iris-r1") if r.ready and r.restarts == 1], 60,
+    back = wait_for(lambda: [r for r in cluster.replicas("svc-r1") if r.ready and r.restarts == 1], 60,
                     "the replica to come back after the watcher error")[0]
     assert managed.watching and supervisor.replicas[replica.replica_id] is managed
     assert predict(back.url).status_code == 200
 
 
-def test_a_watcher_that_is_gone_is_replaced_by_the_reconcile_loop(running, iris_dir):
+def test_a_watcher_that_is_gone_is_replaced_by_the_reconcile_loop(running, quick_model_dir):
     cluster, supervisor = running
-    cluster.apply(RevisionSpec("iris-r1", "iris", str(iris_dir), "pyfunc", replicas=1))
-    [replica] = wait_for(ready(cluster, "iris-r1", 1), 120, "a ready replica")
+    cluster.apply(RevisionSpec("svc-r1", "svc", str(quick_model_dir), "pyfunc", replicas=1))
+    [replica] = wait_for(ready(cluster, "svc-r1", 1), 120, "a ready replica")
     lost = supervisor.replicas[replica.replica_id]
     old_pid = lost._process.pid
     lost._thread = threading.Thread(target=lambda: None)  # a watcher thread that has ended
     lost._thread.start()
     lost._thread.join()
     wait_for(lambda: supervisor.replicas.get(replica.replica_id) not in (None, lost), 30, "a new watcher")
-    wait_for(ready(cluster, "iris-r1", 1), 120, "the replica ready again")
+    wait_for(ready(cluster, "svc-r1", 1), 120, "the replica ready again")
     # the unwatched process was stopped, not left running beside the new one
     assert not psutil.pid_exists(old_pid) or psutil.Process(old_pid).status() == psutil.STATUS_ZOMBIE
     # … and the lost watcher, were it still running, starts no process of its own again
@@ -159,7 +159,7 @@ def test_a_watcher_that_is_gone_is_replaced_by_the_reconcile_loop(running, iris_
     assert lost._process.pid == old_pid
 
 
-def test_a_status_write_through_a_locked_database_lands_once_the_lock_goes(sqlite_url, tmp_path, iris_dir):
+def test_a_status_write_through_a_locked_database_lands_once_the_lock_goes(sqlite_url, tmp_path, quick_model_dir):
     """The replica dies while another connection holds SQLite's write lock (and the supervisor's
     busy timeout is short): its writes fail, are retried, and land; it never stays marked ready."""
     import sqlite3
@@ -176,8 +176,8 @@ def test_a_status_write_through_a_locked_database_lands_once_the_lock_goes(sqlit
     thread.start()
     cluster = LocalCluster(db.make_engine(sqlite_url))
     try:
-        cluster.apply(RevisionSpec("iris-r1", "iris", str(iris_dir), "pyfunc", replicas=1))
-        [replica] = wait_for(ready(cluster, "iris-r1", 1), 120, "a ready replica")
+        cluster.apply(RevisionSpec("svc-r1", "svc", str(quick_model_dir), "pyfunc", replicas=1))
+        [replica] = wait_for(ready(cluster, "svc-r1", 1), 120, "a ready replica")
         pid = supervisor.replicas[replica.replica_id]._process.pid
         lock = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), timeout=1)
         lock.execute("BEGIN EXCLUSIVE")
@@ -187,8 +187,8 @@ def test_a_status_write_through_a_locked_database_lands_once_the_lock_goes(sqlit
         finally:
             lock.rollback()
             lock.close()
-        wait_for(lambda: [r for r in cluster.replicas("iris-r1") if not r.ready], 30, "the killed replica unready")
-        back = wait_for(lambda: [r for r in cluster.replicas("iris-r1") if r.ready and r.restarts == 1], 120,
+        wait_for(lambda: [r for r in cluster.replicas("svc-r1") if not r.ready], 30, "the killed replica unready")
+        back = wait_for(lambda: [r for r in cluster.replicas("svc-r1") if r.ready and r.restarts == 1], 120,
                         "the restarted replica")[0]
         assert predict(back.url).status_code == 200
     finally:
@@ -198,28 +198,28 @@ def test_a_status_write_through_a_locked_database_lands_once_the_lock_goes(sqlit
 
 
 def two_ready_replicas(crashed: Supervisor, cluster: LocalCluster):
-    """Reconcile the supervisor that will crash by hand until both of iris-r1's replicas are ready."""
+    """Reconcile the supervisor that will crash by hand until both of svc-r1's replicas are ready."""
     def reconciled_ready():
         crashed.reconcile_once()
-        return ready(cluster, "iris-r1", 2)()
+        return ready(cluster, "svc-r1", 2)()
 
     return wait_for(reconciled_ready, 120, "two ready replicas")
 
 
-def test_a_new_supervisor_adopts_the_healthy_replicas_of_one_that_crashed(supervise, iris_dir, database_url, tmp_path):
+def test_a_new_supervisor_adopts_the_healthy_replicas_of_one_that_crashed(supervise, quick_model_dir, database_url, tmp_path):
     from controlplane import db
 
     engine = db.make_engine(database_url)
     crashed = Supervisor(engine, tmp_path / "logs", SupervisorConfig())
     cluster = LocalCluster(engine)
-    cluster.apply(RevisionSpec("iris-r1", "iris", str(iris_dir), "pyfunc", replicas=2))
+    cluster.apply(RevisionSpec("svc-r1", "svc", str(quick_model_dir), "pyfunc", replicas=2))
 
     before = {r.replica_id: r for r in two_ready_replicas(crashed, cluster)}
     pids = {rid: m._process.pid for rid, m in crashed.replicas.items()}
     leaders = [psutil.Process(pid) for pid in pids.values()]  # who they are, should a pid be reused later
     for managed in crashed.replicas.values():  # the supervisor dies; its replica processes do not
         managed._stop.set()
-    os.kill(pids["iris-r1-1"], signal.SIGKILL)  # … except this one, which a new supervisor must restart
+    os.kill(pids["svc-r1-1"], signal.SIGKILL)  # … except this one, which a new supervisor must restart
 
     _, supervisor = supervise(SupervisorConfig(restart_backoff_initial_s=0.2))
     try:
@@ -240,20 +240,20 @@ def kill_groups(leaders: list[psutil.Process]) -> None:
 
 def check_adoption(supervisor, cluster, pids, before) -> None:
     def restarted():
-        managed = supervisor.replicas.get("iris-r1-1")
+        managed = supervisor.replicas.get("svc-r1-1")
         process = managed and managed._process
-        return process and process.pid != pids["iris-r1-1"] and [
-            r for r in cluster.replicas("iris-r1") if r.replica_id == "iris-r1-1" and r.ready]
+        return process and process.pid != pids["svc-r1-1"] and [
+            r for r in cluster.replicas("svc-r1") if r.replica_id == "svc-r1-1" and r.ready]
 
     wait_for(restarted, 120, "the dead replica started again")
-    adopted = supervisor.replicas["iris-r1-0"]
-    assert adopted._process.pid == pids["iris-r1-0"]  # the same process: not restarted
-    [survivor] = [r for r in cluster.replicas("iris-r1") if r.replica_id == "iris-r1-0"]
-    assert survivor.ready and survivor.url == before["iris-r1-0"].url and survivor.restarts == 0
+    adopted = supervisor.replicas["svc-r1-0"]
+    assert adopted._process.pid == pids["svc-r1-0"]  # the same process: not restarted
+    [survivor] = [r for r in cluster.replicas("svc-r1") if r.replica_id == "svc-r1-0"]
+    assert survivor.ready and survivor.url == before["svc-r1-0"].url and survivor.restarts == 0
     assert predict(survivor.url).status_code == 200
 
 
-def test_a_new_supervisor_adopts_the_replica_a_victim_left_behind_without_renaming_it(sqlite_url, tmp_path, iris_dir):
+def test_a_new_supervisor_adopts_the_replica_a_victim_left_behind_without_renaming_it(sqlite_url, tmp_path, quick_model_dir):
     """A scale-down that named replica 0 leaves replica 1 alone; a restarted supervisor keeps it
     (the same process, the same id) instead of stopping it to run replica 0 again."""
     from controlplane import db
@@ -262,25 +262,25 @@ def test_a_new_supervisor_adopts_the_replica_a_victim_left_behind_without_renami
     engine = db.make_engine(sqlite_url)
     crashed = Supervisor(engine, tmp_path / "logs", SupervisorConfig())
     cluster = LocalCluster(engine)
-    cluster.apply(RevisionSpec("iris-r1", "iris", str(iris_dir), "pyfunc", replicas=2))
+    cluster.apply(RevisionSpec("svc-r1", "svc", str(quick_model_dir), "pyfunc", replicas=2))
 
     two_ready_replicas(crashed, cluster)
-    cluster.scale("iris-r1", 1, victims=["iris-r1-0"])
+    cluster.scale("svc-r1", 1, victims=["svc-r1-0"])
     crashed.reconcile_once()  # stops the victim, and waits for it
-    assert [r.replica_id for r in cluster.replicas("iris-r1")] == ["iris-r1-1"]
-    pid = crashed.replicas["iris-r1-1"]._process.pid
+    assert [r.replica_id for r in cluster.replicas("svc-r1")] == ["svc-r1-1"]
+    pid = crashed.replicas["svc-r1-1"]._process.pid
     leader = psutil.Process(pid)
-    crashed.replicas["iris-r1-1"]._stop.set()  # the supervisor dies; its replica process does not
+    crashed.replicas["svc-r1-1"]._stop.set()  # the supervisor dies; its replica process does not
 
     supervisor = Supervisor(engine, tmp_path / "logs", SupervisorConfig(restart_backoff_initial_s=0.2))
     try:
         supervisor.adopt_previous_run()
         supervisor.reconcile_once()
-        assert set(supervisor.replicas) == {"iris-r1-1"}
-        wait_for(lambda: supervisor.replicas["iris-r1-1"]._process is not None, 10, "the adopted life to begin")
-        assert supervisor.replicas["iris-r1-1"]._process.pid == pid  # adopted, not restarted
-        [survivor] = wait_for(ready(cluster, "iris-r1", 1), 30, "the adopted replica ready")
-        assert survivor.replica_id == "iris-r1-1" and predict(survivor.url).status_code == 200
+        assert set(supervisor.replicas) == {"svc-r1-1"}
+        wait_for(lambda: supervisor.replicas["svc-r1-1"]._process is not None, 10, "the adopted life to begin")
+        assert supervisor.replicas["svc-r1-1"]._process.pid == pid  # adopted, not restarted
+        [survivor] = wait_for(ready(cluster, "svc-r1", 1), 30, "the adopted replica ready")
+        assert survivor.replica_id == "svc-r1-1" and predict(survivor.url).status_code == 200
     finally:
         supervisor.stop_all()
         kill_groups([leader])
