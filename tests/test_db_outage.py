@@ -274,7 +274,7 @@ def test_the_router_serves_known_tokens_from_its_last_table_and_counts_lost_log_
 
 # -- the supervisor -------------------------------------------------------------------------
 @pytest.mark.slow
-def test_the_supervisor_keeps_its_replicas_running_through_a_cut_and_reconciles_after(gated, tmp_path, iris_dir):
+def test_the_supervisor_keeps_its_replicas_running_through_a_cut_and_reconciles_after(gated, tmp_path, quick_model_dir):
     from cluster.local.backend import LocalCluster
     from cluster.local.supervisor import Supervisor, SupervisorConfig
     from cluster.protocol import RevisionSpec
@@ -287,12 +287,12 @@ def test_the_supervisor_keeps_its_replicas_running_through_a_cut_and_reconciles_
     thread.start()
     cluster = LocalCluster(direct)
     try:
-        cluster.apply(RevisionSpec("iris-r1", "iris", str(iris_dir), "pyfunc", replicas=1))
-        [replica] = wait_for(ready(cluster, "iris-r1", 1), 120, "a ready replica")
+        cluster.apply(RevisionSpec("svc-r1", "svc", str(quick_model_dir), "pyfunc", replicas=1))
+        [replica] = wait_for(ready(cluster, "svc-r1", 1), 120, "a ready replica")
         pid = supervisor.replicas[replica.replica_id]._process.pid
 
         gate.cut()
-        cluster.scale("iris-r1", 2)  # written straight to the server: the supervisor cannot read it
+        cluster.scale("svc-r1", 2)  # written straight to the server: the supervisor cannot read it
         deadline = time.monotonic() + 3.0  # six reconciles fail meanwhile
         while time.monotonic() < deadline:
             assert predict(replica.url).status_code == 200
@@ -301,7 +301,7 @@ def test_the_supervisor_keeps_its_replicas_running_through_a_cut_and_reconciles_
         assert supervisor.replicas[replica.replica_id]._process.pid == pid
 
         gate.restore()
-        replicas = wait_for(ready(cluster, "iris-r1", 2), 120, "the second replica, once reconciles read again")
+        replicas = wait_for(ready(cluster, "svc-r1", 2), 120, "the second replica, once reconciles read again")
         first = next(r for r in replicas if r.replica_id == replica.replica_id)
         assert first.restarts == 0 and supervisor.replicas[replica.replica_id]._process.pid == pid
     finally:
