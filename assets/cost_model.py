@@ -38,7 +38,7 @@ from assets.served_endpoint import RolloutDriver, choose_runtime, replicas_that_
 from assets.serving_specs import serving_specs
 from assets.source_model import DEPLOY_RETRIES, model_versions
 from controlplane.cost_profiles import CostProfileStore
-from controlplane.revisions import RevisionStore, revision_spec
+from controlplane.revisions import ONE_OFF, RevisionStore, revision_spec
 from controlplane.specs import EndpointSpec
 from costmodel.fit import fit_cost_model, grid_problem
 from costmodel.measure import classic_input_example, run_sweep
@@ -117,7 +117,8 @@ def cost_model(
     # Recorded like any revision (the run that owns it spares it from the reaper, and from the
     # backend's converge), then started on the backend.
     bench = driver.revisions.create(BENCH_MODEL_NAME, context.partition_key, str(serve_dir), runtime,
-                                    spec.replica.model_dump(), 1, {"run_id": context.run_id, "purpose": "cost-model sweep"})
+                                    spec.replica.model_dump(), 1,
+                                    {"run_id": context.run_id, "purpose": "cost-model sweep", ONE_OFF: True})
     revision_id = bench.id
     backend.apply(revision_spec(bench))
     try:

@@ -27,6 +27,10 @@ from controlplane.store import Clock, utc_now
 
 STATES = ("pending", "ready", "serving", "draining", "retired", "failed")
 UNCHECKED = object()  # route() without a compare-and-set
+# A revision's details key: True for a revision started for one measurement (the cost sweep's
+# benchmark replica), whose runtime environment no later replica is known to share. The local
+# warm pool keeps a runtime warm for the replicas that serve, not for these (cluster.local.replica).
+ONE_OFF = "one_off"
 
 
 class TrafficChanged(Exception):

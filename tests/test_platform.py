@@ -141,6 +141,11 @@ def test_the_tiny_llm_answers_the_openai_client_through_the_router(platform, tmp
         if c.choices]
     assert len(pieces) >= 2
     assert [m.id for m in client.models.list().data] == ["tiny-llm"]
+    # the cost sweep's replica ran from this machine's environment; the replica that serves, from the
+    # image's: only the image's is kept warm (controlplane.revisions.ONE_OFF)
+    supervisor_log = (platform.home / "logs" / "supervisor.log").read_text()
+    warmed = [line for line in supervisor_log.splitlines() if "started vllm zygote" in line]
+    assert all("/images/runtime/mnt/" in line for line in warmed), warmed
 
 
 @contextlib.contextmanager

@@ -377,6 +377,26 @@ def test_the_refill_waits_for_the_clock(probe, tmp_path):
         pool.close()
 
 
+def test_a_one_off_replica_keeps_nothing_warm(probe, tmp_path):
+    """The cost sweep's benchmark replica runs from the machine's environment; the replicas that
+    serve run from their image's. Warming its key would hold a zygote (720 MiB for vLLM) for nothing."""
+    clock = FakeClock(start_s=1000.0)
+    pool = WarmPool(WarmPoolConfig(refill_delay_s=30.0, log_dir=tmp_path / "zygotes"), clock=clock,
+                    background=False, kinds={"probe": PROBE_KIND})
+    try:
+        launch = probe(tmp_path / "r.json")
+        started = pool.start("probe", launch, tmp_path / "r.log", keep_warm=False)
+        assert not started.warm
+        kill_group(started.process, grace_s=5)
+        clock.advance(3600.0)
+        assert pool.reconcile() == PoolPlan()
+        kill_group(pool.start("probe", launch, tmp_path / "r2.log").process, grace_s=5)  # one that serves: warmed
+        clock.advance(30.0)
+        assert pool.reconcile().start == (PoolKey.for_launch("probe", launch),)
+    finally:
+        pool.close()
+
+
 # ---- the pyfunc runtime: a warm replica answers as a cold one ---------------------------------
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ from cluster.local.adoption import AdoptedProcess
 from cluster.local.cold_start import cold_start_split, launch_from_image
 from cluster.local.warm_pool import PoolKey, WarmPool
 from controlplane.backoff import restart_delay_s
-from controlplane.revisions import RevisionStore
+from controlplane.revisions import ONE_OFF, RevisionStore
 from controlplane.routers import RouterStore
 from controlplane.schema import ReplicaRow, RevisionRow
 from controlplane.settings import REPO_ROOT
@@ -129,6 +129,9 @@ class ManagedReplica:
         self._mounts = mounts if self.image is not None else None
         self._mounted: MountedImage | None = None
         self._pool = pool  # pre-started runtime processes; None: every start is cold
+        # a one-off (the cost sweep's benchmark) may take a warm process but keeps none warm: the
+        # replicas that serve run from the image's environment, not the one it measures from
+        self._keep_warm = not (revision.details or {}).get(ONE_OFF, False)
         self._warm_start = False
 
     def adopt(self, process: AdoptedProcess, port: int, restarts: int) -> None:
@@ -232,7 +235,7 @@ class ManagedReplica:
     def _start_process(self, launch: ReplicaLaunch) -> subprocess.Popen:
         """A warm runtime process from the pool where one fits, else a cold one (own session, output to the log)."""
         if self._pool is not None:
-            started = self._pool.start(self.runtime.name, launch, self._log_path)
+            started = self._pool.start(self.runtime.name, launch, self._log_path, keep_warm=self._keep_warm)
             self._warm_start = started.warm
             if not started.warm:
                 log.info("replica %s: cold start (%s)", self.replica_id, started.reason)

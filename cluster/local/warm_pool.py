@@ -192,16 +192,19 @@ class WarmPool:
             self._thread.start()
 
     # -- what callers use ---------------------------------------------------------------------
-    def start(self, kind: str, launch: LaunchLike, log_path: Path, cwd: str | Path | None = None) -> Started:
+    def start(self, kind: str, launch: LaunchLike, log_path: Path, cwd: str | Path | None = None,
+              keep_warm: bool = True) -> Started:
         """Start a replica on a fitting warm zygote of (kind, launch's python), else cold.
 
-        Also records this launch's environment as the key's profile: the key is warmed (after
-        ``refill_delay_s``) for replicas like this one.
+        With ``keep_warm`` (the default), also records this launch's environment as the key's
+        profile: the key is warmed (after ``refill_delay_s``) for replicas like this one. Without
+        it (a one-off replica), the key is warmed only if other replicas asked for it.
         """
         if kind not in self.kinds:
             return Started(cold_start(launch, log_path, cwd), warm=False, reason=f"no zygote kind {kind!r}")
         key = PoolKey.for_launch(kind, launch)
-        self._want(key, launch.env)
+        if keep_warm:
+            self._want(key, launch.env)
         with self._lock:
             ready = [z for z in self._zygotes.values() if z.key == key and z.facts is not None
                      and z.process.poll() is None]
