@@ -13,13 +13,23 @@ image would take it from its base image).
 The tree is staged as hard links into the venv (no copy of gigabytes; a copy across
 filesystems), and keyed by a fingerprint of everything in it: the same environment gives the
 same key, so the layer and its seekable form are built once per environment.
+
+The tree holds each module's bytecode beside its source (``__pycache__``): a replica runs
+from a read-only mount, where Python cannot write what it compiles, so without it every
+start would compile every module it imports again (vLLM's API server: 17.7 CPU-seconds of
+imports instead of 11.3 on a 2-core EPYC). A distribution's RECORD does not list the bytecode
+an installer compiled afterwards (uv's ``--compile-bytecode``), so it is linked from the venv
+where it is there and compiled into the tree where it is not.
 """
 
 from __future__ import annotations
 
+import compileall
 import hashlib
 import importlib.metadata as metadata
+import importlib.util
 import os
+import py_compile
 import shutil
 import sys
 import sysconfig
@@ -43,6 +53,7 @@ ENTRY_MODULES = {"vllm": ("vllm.entrypoints.openai.api_server", "serving.runtime
 PROJECT_PACKAGES = ("serving", "demo", "autoscale", "cluster", "controlplane", "costmodel", "evaluation")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 EDITABLE_MARKERS = ("__editable__", "_modelplane_editable")
+STAGING_FORMAT = "2"  # in the fingerprint: 2 holds the bytecode (1 did not), so no layer of 1 is reused
 
 
 @dataclass(frozen=True)
@@ -59,7 +70,8 @@ class Environment:
 
     def fingerprint(self) -> str:
         """sha256 over the distributions (name, version, RECORD), the project's sources and the interpreter."""
-        digest = hashlib.sha256(f"{self.runtime}\0{self.python_home}\0{self.python_version}\0".encode())
+        digest = hashlib.sha256(f"{self.runtime}\0{self.python_home}\0{self.python_version}\0"
+                                f"{STAGING_FORMAT}\0".encode())
         for name in self.distributions:
             dist = metadata.distribution(name)
             digest.update(f"{name}=={dist.version}\0".encode())
@@ -141,9 +153,18 @@ def _link_or_copy(source: Path, target: Path) -> None:
         shutil.copy2(source, target)
 
 
+def _link_with_bytecode(source: Path, target: Path) -> None:
+    """``source`` and, for a module, its bytecode where the venv has it (compiled later otherwise)."""
+    _link_or_copy(source, target)
+    if source.suffix == ".py":
+        cached = Path(importlib.util.cache_from_source(str(source)))
+        if cached.is_file():
+            _link_or_copy(cached, Path(importlib.util.cache_from_source(str(target))))
+
+
 def stage(environment: Environment, out: Path) -> Path:
     """The environment as a tree under ``out``: the venv's bin/ and pyvenv.cfg, each distribution's
-    files (from its RECORD) and modelplane's packages. Returns ``out``."""
+    files (from its RECORD) and modelplane's packages, each module with its bytecode. Returns ``out``."""
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -159,12 +180,15 @@ def stage(environment: Environment, out: Path) -> Path:
             if not str(source).startswith(str(site)) or any(m in source.name for m in EDITABLE_MARKERS):
                 continue  # scripts in bin/ and files outside the venv (editable sources) stay out
             if source.is_file() or source.is_symlink():
-                _link_or_copy(source, out / source.relative_to(venv))
+                _link_with_bytecode(source, out / source.relative_to(venv))
     target_site = out / site.relative_to(venv)
     for path in project_files():
-        _link_or_copy(path, target_site / path.relative_to(PROJECT_ROOT))
+        _link_with_bytecode(path, target_site / path.relative_to(PROJECT_ROOT))
     for info in site.glob("modelplane-*.dist-info"):  # its vLLM plugin entry point
         for path in info.iterdir():
             if path.is_file():
                 _link_or_copy(path, target_site / info.name / path.name)
+    # what the venv had no bytecode for (a module edited since, an install without it); a source
+    # that does not compile (a package's test data) stays a source, as it would in the venv
+    compileall.compile_dir(target_site, quiet=2, invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
     return out

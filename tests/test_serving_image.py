@@ -77,9 +77,15 @@ def test_the_seekable_form_is_an_artifact_that_refers_to_the_image(built, embedd
     assert 0 < env.prefetch_sectors < env.filesystem_bytes // (4 << 20) + 1  # a start-up set, not everything
 
 
-def test_the_files_the_runtime_opened_while_starting_come_first(built):
+def test_the_files_the_runtime_opened_while_starting_come_first(built, images_root):
     ref, facts, _ = built
     assert facts["traced_files"]["env"] > 100 and facts["traced_files"]["model"] >= 2  # MLmodel, the weights
+    # it imported bytecode: a module without any in the image is a source it opens to compile,
+    # at every start (the mount is read-only), and the image's start-up set would be those sources
+    [trace] = (images_root / "cache").glob("trace-*.json")
+    env_files = json.loads(trace.read_text())["env"]
+    sources = [f for f in env_files if f.endswith(".py")]
+    assert sum(f.endswith(".pyc") for f in env_files) > 100 and len(sources) < len(env_files) // 20, sources[:10]
 
 
 def test_a_second_version_reuses_the_environment_layer_and_the_trace_and_only_builds_its_model(
