@@ -58,6 +58,23 @@ def test_the_same_tree_gives_byte_identical_layers_whatever_the_times_and_the_pl
     assert (tmp_path / "first.tar.gz").read_bytes() == (tmp_path / "second.tar.gz").read_bytes()
 
 
+def test_a_known_tree_gives_the_tar_it_gave_in_every_earlier_release(tmp_path):
+    """The tar's digest (diff_id) is pinned: a registry that holds a layer from an older
+    build is not sent it again. (The gzip blob's digest also depends on the zlib build.)"""
+    root = tmp_path / "tree"
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "serve").write_text("#!/bin/sh\nexec python -m serve\n")
+    (root / "weights.bin").write_bytes(bytes(range(256)) * 5000)
+    (root / "tokenizer-é.json").write_text("{}")
+    (root / "latest").symlink_to("weights.bin")
+    for path, mode in [(root, 0o755), (root / "bin", 0o755), (root / "bin" / "serve", 0o755),
+                       (root / "weights.bin", 0o644), (root / "tokenizer-é.json", 0o644)]:
+        path.chmod(mode)
+    info = build_layer(root, tmp_path / "layer.tar.gz", prefix="opt/model")
+    assert (info.diff_id, info.uncompressed_size) == (
+        "sha256:153101413f55028dd02d18b825272bad93bc983370f4f842ba08b054264bd252", 1290240)
+
+
 @pytest.mark.parametrize("change", ["one byte", "a mode", "a symlink target", "a new empty file"])
 def test_any_change_to_the_tree_changes_the_digest(tree, tmp_path, change):
     before = build_layer(tree, tmp_path / "before.tar.gz")
