@@ -3,7 +3,8 @@ the requests for ``canary_duration_s`` beside the serving one, then is judged on
 
 What is compared: the routers' answers per revision over their last 30 s
 (``GET /internal/in-flight``), read once per 30 s window so that no answer counts twice.
-Across windows, answers and server errors (5xx) add up; the p99 is the highest window p99
+Across windows, answers and failed answers (5xx, and 400s where the model raised on input that
+passed its signature: :mod:`serving.blame`) add up; the p99 is the highest window p99
 (a bound on the phase's p99, never below it). The canary fails when
 
 - its error rate exceeds the serving revision's by more than ``canary_max_error_increase``
@@ -15,7 +16,7 @@ A canary that received no answer in the phase passes, with that said: there was 
 judge it on, as there would be nothing for an immediate switch.
 
 >>> judge(Tally(200, 9, 300.0), Tally(1800, 18, 280.0), slo_p99_ms=1000, max_error_increase=0.01, max_p99_ratio=1.2)
-(False, 'the canary answered 9 of 200 requests with a server error (4.5%), the serving revision 1.0%: more than 1.0 points worse')
+(False, 'the canary answered 9 of 200 requests with a failure (4.5%), the serving revision 1.0%: more than 1.0 points worse')
 >>> judge(Tally(200, 2, 900.0), Tally(1800, 18, 280.0), slo_p99_ms=1000, max_error_increase=0.01, max_p99_ratio=1.2)[0]
 True
 """
@@ -55,14 +56,14 @@ def judge(canary: Tally, serving: Tally, slo_p99_ms: float, max_error_increase: 
     if canary.requests == 0:
         return True, "no request reached the canary during its phase; nothing to judge it on"
     if canary.error_rate > serving.error_rate + max_error_increase:
-        return False, (f"the canary answered {canary.errors} of {canary.requests} requests with a server error "
+        return False, (f"the canary answered {canary.errors} of {canary.requests} requests with a failure "
                        f"({canary.error_rate:.1%}), the serving revision {serving.error_rate:.1%}: more than "
                        f"{100 * max_error_increase:.1f} points worse")
     if canary.p99_ms is not None and canary.p99_ms > slo_p99_ms and (
             serving.p99_ms is None or canary.p99_ms > max_p99_ratio * serving.p99_ms):
         return False, (f"the canary's p99 was {canary.p99_ms:.0f} ms, over the SLO's {slo_p99_ms:.0f} ms and over "
                        f"{max_p99_ratio:g} × the serving revision's ({serving.p99_ms or 0:.0f} ms)")
-    return True, (f"the canary answered {canary.requests} requests, {canary.error_rate:.1%} server errors, p99 "
+    return True, (f"the canary answered {canary.requests} requests, {canary.error_rate:.1%} failed, p99 "
                   f"{canary.p99_ms or 0:.0f} ms (serving: {serving.error_rate:.1%}, {serving.p99_ms or 0:.0f} ms)")
 
 

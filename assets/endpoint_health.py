@@ -2,12 +2,14 @@
 
 The ``endpoint_health`` asset check on ``served_endpoint`` is evaluated about every 30 s by
 the health sensor (:mod:`pipelines.health`) from what the routers saw over their last 30 s
-(answers, server errors, p99), the replicas (ready against desired) and the heartbeats of
+(answers, failed answers, p99), the replicas (ready against desired) and the heartbeats of
 the routers and the autoscaler. It fails, with every problem named, when
 
 - the p99 latency of successful answers is above the SLO;
-- more than ``max_error_rate`` of the answers were server errors (5xx), over at least
-  ``min_requests`` answers (a handful of answers says nothing about a rate);
+- more than ``max_error_rate`` of the answers failed, over at least ``min_requests`` answers
+  (a handful of answers says nothing about a rate): server errors (5xx), and 400s where the
+  model raised on input that passed its signature (:mod:`serving.blame`); never a client's
+  mistake, so no client can roll a good version back;
 - fewer replicas are ready than the autoscaler asked for;
 - no router, or no autoscaler, has reported for ``heartbeat_stale_s``.
 
@@ -40,7 +42,7 @@ class HealthInputs:
     slo_p99_ms: float
     p99_latency_ms: float | None  # successful answers of the routers' last 30 s; None: none
     requests: int  # answers in that window
-    errors: int  # of which 5xx
+    errors: int  # of which failed: 5xx, or the model's fault (serving.blame)
     ready_replicas: int
     desired_replicas: int
     router_heartbeat_age_s: float | None  # None: no router ever reported
@@ -71,13 +73,13 @@ def assess(inputs: HealthInputs, thresholds: HealthThresholds = HealthThresholds
     >>> from dataclasses import replace
     >>> bad = assess(replace(ok, errors=100, serving_for_s=60.0))
     >>> bad.problems[0], bad.rollback_reason
-    ('20.0% of 500 answers were server errors (at most 1.0%)', '20.0% server errors in its first 60 s (bake allows 5.0%)')
+    ('20.0% of 500 answers failed (at most 1.0%)', '20.0% failed answers in its first 60 s (bake allows 5.0%)')
     """
     problems = []
     enough = inputs.requests >= thresholds.min_requests
     rate = error_rate(inputs)
     if enough and rate > thresholds.max_error_rate:
-        problems.append(f"{rate:.1%} of {inputs.requests} answers were server errors "
+        problems.append(f"{rate:.1%} of {inputs.requests} answers failed "
                         f"(at most {thresholds.max_error_rate:.1%})")
     if inputs.p99_latency_ms is not None and inputs.p99_latency_ms > inputs.slo_p99_ms:
         problems.append(f"p99 {inputs.p99_latency_ms:.0f} ms is above the SLO of {inputs.slo_p99_ms:.0f} ms")
@@ -91,7 +93,7 @@ def assess(inputs: HealthInputs, thresholds: HealthThresholds = HealthThresholds
     rollback = None
     if inputs.serving_for_s <= thresholds.bake_window_s and enough:
         if rate > thresholds.bake_max_error_rate:
-            rollback = (f"{rate:.1%} server errors in its first {inputs.serving_for_s:.0f} s "
+            rollback = (f"{rate:.1%} failed answers in its first {inputs.serving_for_s:.0f} s "
                         f"(bake allows {thresholds.bake_max_error_rate:.1%})")
         elif inputs.p99_latency_ms is not None and inputs.p99_latency_ms > thresholds.bake_p99_factor * inputs.slo_p99_ms:
             rollback = (f"p99 {inputs.p99_latency_ms:.0f} ms in its first {inputs.serving_for_s:.0f} s, above "

@@ -270,8 +270,9 @@ class Rollout(_Strict):
                                   "canary phase before it takes all, percent; 0: no canary phase, switch at once.")
     canary_duration_s: float = Field(300.0, gt=0, le=86400, description="Length of the canary phase, seconds.")
     canary_max_error_increase: float = Field(0.01, ge=0, le=1, description="The canary fails when its share of "
-                                             "server errors exceeds the serving revision's by more than this "
-                                             "(absolute, 0.01 = one point).")
+                                             "failed answers (server errors, and 400s where the model raised on input "
+                                             "that passed its signature) exceeds the serving revision's by more than "
+                                             "this (absolute, 0.01 = one point).")
     canary_max_p99_ratio: float = Field(1.2, ge=1, le=100, description="The canary fails when its p99 is over the "
                                         "SLO's and over this × the serving revision's p99.")
 

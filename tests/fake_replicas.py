@@ -94,6 +94,10 @@ class FakeReplica:
     async def _invocations(self, request: web.Request) -> web.StreamResponse:
         self.headers.append(CIMultiDict(request.headers))
         await self._maybe_close(request)
+        if request.content_type == "text/csv":  # a CSV body: its rows after the header, as MLflow's parser reads it
+            text = await request.text()
+            self.requests.append(("/invocations", text))
+            return web.json_response({"predictions": [self.name] * (len(text.strip().splitlines()) - 1)})
         payload = await request.json()
         self.requests.append(("/invocations", payload))
         split = payload.get("dataframe_split") if isinstance(payload, dict) else None

@@ -21,7 +21,7 @@ def test_a_healthy_endpoint_passes_with_no_problem():
 
 @pytest.mark.parametrize("change, problem", [
     ({"p99_latency_ms": 1200.0}, "p99 1200 ms is above the SLO of 1000 ms"),
-    ({"errors": 10}, "2.0% of 500 answers were server errors (at most 1.0%)"),
+    ({"errors": 10}, "2.0% of 500 answers failed (at most 1.0%)"),
     ({"ready_replicas": 1}, "1 of 2 replicas ready"),
     ({"router_heartbeat_age_s": 45.0}, "the router last reported 45 s ago (stale after 30 s)"),
     ({"router_heartbeat_age_s": None}, "no router has reported"),
@@ -39,7 +39,7 @@ def test_a_rate_over_too_few_answers_says_nothing():
 
 
 @pytest.mark.parametrize("change, rollback", [
-    ({"errors": 100}, "20.0% server errors in its first 60 s (bake allows 5.0%)"),
+    ({"errors": 100}, "20.0% failed answers in its first 60 s (bake allows 5.0%)"),
     ({"p99_latency_ms": 2500.0}, "p99 2500 ms in its first 60 s, above 2 × the SLO of 1000 ms"),
     ({"errors": 20}, None),  # 4 %: fails the check, within the bake's 5 %
     ({"p99_latency_ms": 1500.0}, None),  # a slow start: above the SLO, under 2 × it

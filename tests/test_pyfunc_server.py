@@ -51,23 +51,26 @@ def encode(payload) -> bytes:
 
 # --- payload: the envelope ------------------------------------------------------------------
 
-@pytest.mark.parametrize("content_type, accepted", [
-    ("application/json", True),
-    ("application/json; charset=utf-8", True),
-    ("Application/JSON; charset=UTF-8", True),
-    (None, False),
-    ("text/csv", False),
-    ("application/json; charset=latin-1", False),
-    ("application/json; format=pandas-split", False),
+@pytest.mark.parametrize("content_type, body_format", [
+    ("application/json", "json"),
+    ("application/json; charset=utf-8", "json"),
+    ("Application/JSON; charset=UTF-8", "json"),
+    ("text/csv", "csv"),
+    ("text/csv; charset=utf-8", "csv"),
+    ("application/vnd.apache.parquet", "parquet"),
+    (None, None),
+    ("text/plain", None),
+    ("application/json; charset=latin-1", None),
+    ("application/json; format=pandas-split", None),
 ])
-def test_only_json_content_types_are_accepted(content_type, accepted):
-    if accepted:
-        check_content_type(content_type)
+def test_the_content_types_mlflow_reads_are_accepted_and_others_are_a_plain_415(content_type, body_format):
+    if body_format:
+        assert check_content_type(content_type) == body_format
     else:
         with pytest.raises(InvocationError) as error:
             check_content_type(content_type)
-        assert error.value.status == 415
-        assert "application/json" in error.value.message
+        assert error.value.status == 415 and error.value.plain_text
+        assert "application/json" in error.value.message or "UTF-8" in error.value.message
 
 
 @pytest.mark.parametrize("body, message", [
@@ -90,6 +93,32 @@ def test_a_malformed_envelope_is_a_400_that_says_what_to_send(body, message):
         parse_invocation(body)
     assert error.value.status == 400
     assert message in error.value.message
+
+
+@pytest.mark.parametrize("body, expected", [
+    (b'{"inputs": [NaN, Infinity, -Infinity]}', [float("nan"), float("inf"), float("-inf")]),
+    (b'{"inputs": [1e400, -1e400]}', [float("inf"), float("-inf")]),
+])
+def test_non_finite_numbers_are_read_as_mlflow_reads_them(body, expected):
+    np.testing.assert_array_equal(parse_invocation(body).input_value, expected)
+
+
+@pytest.mark.parametrize("document", [
+    {"messages": [{"role": "user", "content": "hi"}], "temperature": 0.1},
+    {"prompt": "hi", "max_tokens": 5},
+    {"input": ["a", "b"]},
+    {"messages": [], "inputs": [[1]]},  # MLflow looks for the LLM keys first
+])
+def test_a_chat_completion_or_embedding_body_is_one_unified_llm_input(document):
+    invocation = parse_invocation(encode(document))
+    assert (invocation.input_key, invocation.input_value, invocation.batch_key) == ("llm", document, None)
+
+
+def test_csv_and_parquet_bodies_are_kept_for_mlflows_parsers():
+    csv = parse_invocation(b"a,b\n1,2\n3,4\n", body_format="csv")
+    assert (csv.input_key, csv.input_value, csv.row_count, csv.batch_key) == ("csv", b"a,b\n1,2\n3,4\n", 2, None)
+    with pytest.raises(InvocationError, match="CSV body is empty"):
+        parse_invocation(b"\n", body_format="csv")
 
 
 def test_both_dataframe_formats_become_the_same_rows_and_share_a_batch_key():
@@ -256,7 +285,8 @@ class AsgiClient:
 
         headers = [(b"content-type", content_type.encode())] if content_type else []
         await self.app({"type": "http", "method": method, "path": path, "headers": headers}, receive, send)
-        return sent[0]["status"], msgspec.json.decode(sent[1]["body"]) if path != "/metrics" else sent[1]["body"]
+        is_json = dict(sent[0]["headers"])[b"content-type"] == b"application/json" and path != "/version"
+        return sent[0]["status"], msgspec.json.decode(sent[1]["body"]) if is_json else sent[1]["body"]
 
 
 def make_app(predictor, gate: threading.Event | None = None, **config) -> PyfuncApp:
@@ -306,14 +336,17 @@ def test_concurrent_requests_share_predict_calls_and_each_gets_its_own_rows():
     asyncio.run(scenario())
 
 
-def test_a_chunked_body_over_the_limit_is_413_and_a_non_json_type_415():
+def test_a_chunked_body_over_the_limit_is_413_an_unread_type_a_plain_415_and_version_mlflows():
     async def scenario():
         async with AsgiClient(make_app(EchoPredictor(), max_body_bytes=100)) as client:
             await until_healthy(client)
             status, body = await client.request("POST", "/invocations", [b"x" * 60, b"x" * 60])
             assert status == 413 and "limit of 100 bytes" in body["message"]
-            status, _ = await client.request("POST", "/invocations", [b"a,b\n1,2"], content_type="text/csv")
-            assert status == 415
+            status, body = await client.request("POST", "/invocations", [b"a,b\n1,2"], content_type="text/plain")
+            assert (status, body) == (415, b"This predictor only supports the following content types: Types: "
+                                           b"['application/json', 'text/csv', 'application/vnd.apache.parquet']. "
+                                           b"Got 'text/plain'.")
+            assert await client.request("GET", "/version") == (200, mlflow.__version__.encode())
             assert (await client.request("GET", "/invocations"))[0] == 405
             assert (await client.request("GET", "/nowhere"))[0] == 404
 
@@ -388,10 +421,11 @@ def test_a_bad_request_in_a_batch_fails_alone_with_its_own_status(iris_model):
     predictor = PyfuncPredictor(iris_model)
     batch = [split(ROWS[:1]), split([["x", 1, 1, 1]]), split(ROWS[1:]), split([[None, 1, 1, 1]])]
     outcomes = [outcome_json(o) for o in predictor.predict_batch([parse_invocation(encode(b)) for b in batch])]
-    assert [status for status, _ in outcomes] == [200, 422, 200, 422]
+    assert [status for status, _ in outcomes] == [200, 400, 200, 400]
     assert outcomes[0][1]["predictions"] + outcomes[2][1]["predictions"] == expected_predictions(iris_model)
     assert "sepal length (cm)" in outcomes[1][1]["message"]  # the column whose value is not a double
     assert "missing (null/NaN) values in ['sepal length (cm)']" in outcomes[3][1]["message"]
+    assert [body["error_code"] for _, body in outcomes[1::2]] == ["BAD_REQUEST", "BAD_REQUEST"]
 
 
 class FailsOnThirteen(mlflow.pyfunc.PythonModel):
@@ -404,7 +438,9 @@ class FailsOnThirteen(mlflow.pyfunc.PythonModel):
 
 
 @pytest.mark.slow
-def test_a_model_exception_on_valid_input_is_a_500_for_that_request_only(tmp_path):
+def test_a_model_exception_on_valid_input_is_a_400_for_that_request_only(tmp_path):
+    """As in MLflow's server: the model rejected its input, which is the client's to fix; a 5xx
+    would count against a healthy replica (outlier ejection, alerts, the bake rollback)."""
     import pandas as pd
     from mlflow.models import infer_signature
 
@@ -417,7 +453,8 @@ def test_a_model_exception_on_valid_input_is_a_500_for_that_request_only(tmp_pat
     batch = [{"dataframe_split": {"columns": ["x"], "data": [[x]]}} for x in (1.0, 13.0, 2.0)]
     outcomes = [outcome_json(o) for o in predictor.predict_batch([parse_invocation(encode(b)) for b in batch])]
     assert outcomes[0] == (200, {"predictions": [{"x": 2.0}]})
-    assert outcomes[1][0] == 500 and "RuntimeError: thirteen is unlucky" in outcomes[1][1]["message"]
+    assert outcomes[1][0] == 400 and "RuntimeError: thirteen is unlucky" in outcomes[1][1]["message"]
+    assert outcomes[1][1]["error_code"] == "BAD_REQUEST"
     assert outcomes[2] == (200, {"predictions": [{"x": 4.0}]})
 
 
@@ -507,12 +544,12 @@ def test_every_input_format_predicts_what_the_model_itself_predicts(server, iris
     (encode({"rows": ROWS}), "application/json", 400, "exactly one of dataframe_split"),
     (encode({**split(), "instances": ROWS}), "application/json", 400, "found dataframe_split, instances"),
     (encode(split([[1.0, 2.0, 3.0]])), "application/json", 400, "4 columns passed, passed data had 3 columns"),
-    (encode(split([r[:3] for r in ROWS], COLUMNS[:3])), "application/json", 422,
+    (encode(split([r[:3] for r in ROWS], COLUMNS[:3])), "application/json", 400,
      "Model is missing inputs ['petal width (cm)']"),
-    (encode(split([["wide", 3.5, 1.4, 0.2]])), "application/json", 422,
+    (encode(split([["wide", 3.5, 1.4, 0.2]])), "application/json", 400,
      "Failed to convert column sepal length (cm) to type 'float64'"),
-    (encode(split([[5.1, None, 1.4, 0.2]])), "application/json", 422, "missing (null/NaN) values in ['sepal width"),
-    (b"a,b\n1,2\n", "text/csv", 415, "send 'application/json'"),
+    (encode(split([[5.1, None, 1.4, 0.2]])), "application/json", 400, "missing (null/NaN) values in ['sepal width"),
+    (b"a,b\n1,2\n", "text/csv", 400, "Model is missing inputs"),
     (b'{"inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}", "application/json", 400, "nested more than 32 levels"),
 ])
 def test_bad_input_gets_a_4xx_that_names_the_problem(server, content, content_type, status, message):

@@ -73,11 +73,50 @@ def test_connection_refused_is_still_retried_on_another_replica():
     assert [a.status_code for a in answers] == [200] * 6
 
 
+def test_a_csv_body_reaches_a_classic_model_with_its_content_type():
+    """MLflow's scoring server reads CSV (and Parquet); the router passes such a body on as it came."""
+    iris = FakeReplica("iris-ok").start()
+    try:
+        with make_router(table_for([], [iris.url])) as client:
+            response = client.post("/serving-endpoints/iris/invocations", content=b"a,b\n1,2\n3,4\n",
+                                   headers=auth(IRIS_TOKEN) | {"Content-Type": "text/csv"})
+    finally:
+        iris.stop()
+    assert response.status_code == 200 and response.json() == {"predictions": ["iris-ok", "iris-ok"]}
+    assert iris.requests == [("/invocations", "a,b\n1,2\n3,4\n")]
+    assert iris.headers[-1]["Content-Type"] == "text/csv"
+
+
+@pytest.mark.parametrize("path, body, status, mlflow_code", [
+    ("/serving-endpoints/iris/invocations", b"[1, 2]", 400, "BAD_REQUEST"),
+    ("/serving-endpoints/nowhere/invocations", b"{}", 403, "PERMISSION_DENIED"),  # not its token's endpoint
+    ("/v1/completions", b'{"model": "gec", "prompt": "hi", "max_tokens": 0}', 400, None),
+])
+def test_router_errors_have_openais_shape_and_on_invocations_mlflows_code(path, body, status, mlflow_code):
+    good, iris = FakeReplica("gec-ok").start(), FakeReplica("iris-ok").start()
+    try:
+        with make_router(table_for([good.url], [iris.url])) as client:
+            token = GEC_TOKEN if path.startswith("/v1") else IRIS_TOKEN
+            response = client.post(path, content=body, headers=auth(token) | {"Content-Type": "application/json"})
+    finally:
+        good.stop(), iris.stop()
+    body = response.json()
+    assert response.status_code == status and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["code"] == status
+    if mlflow_code:  # MLflow's clients read error_code and message
+        assert (body["error_code"], body["message"]) == (mlflow_code, body["error"]["message"])
+    else:  # exactly vLLM's keys on the OpenAI routes, with the field at fault
+        assert set(body) == {"error"} and body["error"] | {"message": ""} == {
+            "message": "", "type": "BadRequestError", "param": "max_tokens", "code": 400}
+
+
 @pytest.mark.parametrize("path, body, content_type, status, words", [
     ("/v1/completions", b'{"model": "gec", "prompt": "hi"}', "text/plain", 415, "send 'Content-Type: application/json'"),
     ("/v1/completions", b'{"model": "gec", "prompt": "hi"}', "application/x-www-form-urlencoded", 415, "curl -d"),
     ("/v1/completions", b'{"model": "gec", "prompt": "hi"}', "application/json; charset=latin-1", 415, "application/json"),
-    ("/serving-endpoints/iris/invocations", b"a,b\n1,2", "text/csv", 415, "application/json"),
+    ("/serving-endpoints/iris/invocations", b"a,b\n1,2", "text/plain", 415, "application/json"),
+    ("/serving-endpoints/gec/invocations", b"a,b\n1,2", "text/csv", 415, "serves an LLM"),
+    ("/v1/completions", b"a,b\n1,2", "text/csv", 415, "the OpenAI API takes JSON"),
     ("/v1/completions", b'{"model": "gec", "prompt": "\xff\xfe"}', "application/json", 400, "not valid UTF-8 (byte 28)"),
     ("/serving-endpoints/iris/invocations", b"\xff\xfe", "application/json", 400, "not valid UTF-8"),
     ("/v1/completions", b'{"model": "gec", "prompt": "hi", "max_tokens": -1}', "application/json", 400, "from 1 to"),
@@ -96,7 +135,11 @@ def test_a_wrong_content_type_invalid_utf8_or_a_token_count_out_of_range_is_a_4x
             response = client.post(path, content=body, headers=auth(token) | {"Content-Type": content_type})
     finally:
         good.stop(), iris.stop()
-    assert response.status_code == status and words in response.json()["error"]["message"], response.text
+    # MLflow's /invocations answers a 415 in plain text, as `mlflow models serve` does
+    plain = "invocations" in path and status == 415
+    message = response.text if plain else response.json()["error"]["message"]
+    assert response.status_code == status and words in message, response.text
+    assert response.headers["content-type"].startswith("text/plain" if plain else "application/json")
     assert good.requests == iris.requests == []  # refused before any replica saw it
 
 

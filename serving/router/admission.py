@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from controlplane.tokens import Grant, token_sha256
 from serving.router.errors import RouterError
-from serving.router.limits import RequestLimits, check_llm_fields, parse_json_object
+from serving.router.limits import JSON_TYPE, RequestLimits, check_llm_fields, parse_json_object
 from serving.router.table import EndpointRoute, RoutingTable
 
 __all__ = ["RouterError", "Upstream", "authenticate", "authorize", "authorize_admin", "for_invocations", "for_openai",
@@ -25,6 +25,7 @@ class Upstream:
     body: bytes
     stream: bool
     payload: dict | None = None  # the parsed body of an LLM request (for its cost)
+    content_type: str = JSON_TYPE  # the body's media type, sent on to the replica
     # traceparent and tracestate for the replica (serving.router.tracing); {}: none
     trace_headers: dict[str, str] = field(default_factory=dict)
 
@@ -68,12 +69,16 @@ def authorize_admin(grant: Grant, what: str) -> None:
                                "(create one with `modelplane tokens create --admin`)")
 
 
-def for_invocations(route: EndpointRoute, body: bytes, limits: RequestLimits) -> Upstream:
-    """``/serving-endpoints/{name}/invocations``: MLflow scoring for classic models; for LLMs a
-    chat (``messages``) or completion (``prompt``) request."""
+def for_invocations(route: EndpointRoute, body: bytes, limits: RequestLimits,
+                    content_type: str = JSON_TYPE) -> Upstream:
+    """``/serving-endpoints/{name}/invocations``: MLflow scoring for classic models (a JSON, CSV
+    or Parquet body, as MLflow's server reads them); for LLMs a chat (``messages``) or
+    completion (``prompt``) request, in JSON."""
     if route.runtime == "pyfunc":
-        parse_json_object(body, limits, allow_non_finite=True)  # NaN: pandas' missing value
-        return Upstream(route, "/invocations", body, stream=False)
+        if content_type == JSON_TYPE:
+            parse_json_object(body, limits, allow_non_finite=True)  # NaN: pandas' missing value
+        return Upstream(route, "/invocations", body, stream=False, content_type=content_type)
+    _json_only(content_type, f"endpoint {route.name!r} serves an LLM")
     payload = parse_json_object(body, limits, allow_non_finite=False)
     if "messages" in payload:
         path = "/v1/chat/completions"
@@ -86,12 +91,19 @@ def for_invocations(route: EndpointRoute, body: bytes, limits: RequestLimits) ->
     return Upstream(route, path, json.dumps(payload).encode(), stream=bool(payload.get("stream")), payload=payload)
 
 
-def openai_endpoint(body: bytes, limits: RequestLimits) -> tuple[str, dict]:
+def _json_only(content_type: str, why: str) -> None:
+    if content_type != JSON_TYPE:
+        raise RouterError(415, f"Content-Type {content_type!r} is not supported: {why}; send 'Content-Type: "
+                               "application/json'")
+
+
+def openai_endpoint(body: bytes, limits: RequestLimits, content_type: str = JSON_TYPE) -> tuple[str, dict]:
     """The endpoint an OpenAI-style request names in ``model``."""
+    _json_only(content_type, "the OpenAI API takes JSON")
     payload = parse_json_object(body, limits, allow_non_finite=False)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
-        raise RouterError(400, "'model' is required: the endpoint name, e.g. \"gec\"")
+        raise RouterError(400, "'model' is required: the endpoint name, e.g. \"gec\"", param="model")
     return model, payload
 
 

@@ -23,14 +23,16 @@ from datetime import datetime, timedelta, timezone
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from serving.blame import FAULT_HEADER, MODEL_FAULT
 from serving.router import admission, tracing
 from serving.router.activator import Activator
 from serving.router.admission import RouterError
 from serving.router.balancing.keys import prefix_key, session_key
 from serving.router.config import RouterConfig
+from serving.router.errors import error_body, mlflow_error_code
 from serving.router.openapi import DOCUMENT as OPENAPI
 from serving.router.gatekeeper import Gatekeeper
 from serving.router.inference_log import InferenceLogWriter, LogSink
@@ -46,9 +48,16 @@ from serving.router.tracing import Tracer
 log = logging.getLogger("modelplane.router")
 
 
-def error_response(exc: RouterError) -> JSONResponse:
-    return JSONResponse({"error": {"message": str(exc), "code": exc.status}}, status_code=exc.status,
-                        headers=exc.headers)
+def error_response(exc: RouterError, mlflow: bool = False) -> Response:
+    """The OpenAI error shape vLLM's server sends (``{"error": {"message", "type", "param",
+    "code"}}``); on MLflow's ``/invocations`` route MLflow's ``error_code`` and ``message`` beside it,
+    which MLflow's clients read, and a 415 in plain text, as MLflow's server answers it."""
+    if mlflow and exc.status == 415:
+        return PlainTextResponse(str(exc), status_code=415, headers=exc.headers)
+    body = error_body(exc.status, str(exc), exc.param)
+    if mlflow:
+        body = {"error_code": mlflow_error_code(exc.status), "message": str(exc), **body}
+    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
 
 def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
@@ -169,7 +178,6 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
             await asyncio.to_thread(tracer.close)
 
     async def read_body(request: Request) -> bytes:
-        check_content_type(request.headers.get("content-type"))
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > config.max_body_bytes:
             raise RouterError(413, f"body is {declared} bytes; this router accepts at most {config.max_body_bytes}")
@@ -181,16 +189,17 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def handle(request: Request, endpoint_of: Callable, build: Callable) -> Response:
+    async def handle(request: Request, endpoint_of: Callable, build: Callable, mlflow: bool = False) -> Response:
         started, arrived = time.perf_counter(), datetime.now(timezone.utc)
         endpoint, exchange = "-", Exchange()
         try:
             grant = await authenticate(request)
+            content_type = check_content_type(request.headers.get("content-type"))
             body = await read_body(request)
             table = state["table"]  # after the upload: the replicas ready now, not when it began
-            endpoint, payload = endpoint_of(request, body)
+            endpoint, payload = endpoint_of(request, body, content_type)
             route = admission.authorize(grant, endpoint, table, config.retry_after_s)
-            upstream = build(route, payload, body)
+            upstream = build(route, payload, body, content_type)
             units = proxy.units(upstream)
             try:
                 gatekeeper.check_rates(route, grant, units)
@@ -202,13 +211,13 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
                 request.headers.getlist("traceparent"), request.headers.getlist("tracestate")))
             response = await send(request, route, upstream, units, grant.token_id, body, arrived, started, exchange)
         except RouterError as exc:
-            response = error_response(exc)
+            response = error_response(exc, mlflow)
         known = endpoint if endpoint in state["table"].endpoints else "-"
         metrics.requests.labels(known, str(response.status_code)).inc()
         metrics.latency.labels(known).observe(time.perf_counter() - started)
         if known != "-":
             latencies.observe(known, 1000 * (time.perf_counter() - started), clock(), response.status_code,
-                              exchange.revision_id)
+                              exchange.revision_id, response.headers.get(FAULT_HEADER) == MODEL_FAULT)
             if exchange.revision_id is not None:
                 metrics.revision_requests.labels(known, exchange.revision_id, exchange.role,
                                                  str(response.status_code)).inc()
@@ -255,13 +264,16 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
         return None
 
     async def invocations(request: Request) -> Response:
-        return await handle(request, lambda r, body: (r.path_params["name"], None),
-                            lambda route, _payload, body: admission.for_invocations(route, body, limits))
+        return await handle(request, lambda r, _body, _type: (r.path_params["name"], None),
+                            lambda route, _payload, body, content_type: admission.for_invocations(
+                                route, body, limits, content_type), mlflow=True)
 
     def openai_route(path: str):
         async def route_handler(request: Request) -> Response:
-            return await handle(request, lambda _r, body: admission.openai_endpoint(body, limits),
-                                lambda route, payload, body: admission.for_openai(route, path, payload, body, limits))
+            return await handle(request, lambda _r, body, content_type: admission.openai_endpoint(body, limits,
+                                                                                                  content_type),
+                                lambda route, payload, body, _type: admission.for_openai(route, path, payload, body,
+                                                                                         limits))
         return route_handler
 
     async def models(request: Request) -> Response:

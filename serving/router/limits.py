@@ -47,24 +47,32 @@ class NonFinite(str):
     """What ``NaN``, ``Infinity`` and ``-Infinity`` parse to where they are not allowed."""
 
 
-def check_content_type(value: str | None) -> None:
-    """A 415 for a body declared as anything but JSON (``application/json``, ``charset=utf-8``
-    at most); no header is read as JSON, as a raw client may send none.
+JSON_TYPE = "application/json"
+# What MLflow's scoring server reads besides JSON: a classic model's /invocations may send these.
+TABULAR_TYPES = ("text/csv", "application/vnd.apache.parquet")
+
+
+def check_content_type(value: str | None) -> str:
+    """The body's media type: JSON (also when no header is sent, as a raw client may send
+    none), or CSV or Parquet, which only a classic model's ``/invocations`` takes; a 415 for any
+    other, or for a charset other than UTF-8.
 
     >>> check_content_type("application/json; charset=UTF-8"), check_content_type(None)
-    (None, None)
+    ('application/json', 'application/json')
     >>> check_content_type("application/x-www-form-urlencoded")
     Traceback (most recent call last):
     serving.router.errors.RouterError: Content-Type 'application/x-www-form-urlencoded' is not supported: send 'Content-Type: application/json' (curl -d sends a form unless told otherwise)
     """
     if not value:
-        return
+        return JSON_TYPE
     mime, *parameters = (part.strip() for part in value.split(";"))
+    mime = mime.lower()
     charsets = [p.partition("=")[2].strip().strip('"').lower() for p in parameters
                 if p.partition("=")[0].strip().lower() == "charset"]
-    if mime.lower() != "application/json" or len(charsets) != len(parameters) or set(charsets) - {"utf-8", "utf8"}:
+    if mime not in (JSON_TYPE, *TABULAR_TYPES) or len(charsets) != len(parameters) or set(charsets) - {"utf-8", "utf8"}:
         raise RouterError(415, f"Content-Type {value!r} is not supported: send 'Content-Type: application/json' "
                                "(curl -d sends a form unless told otherwise)")
+    return mime
 
 
 def parse_json_object(body: bytes, limits: RequestLimits, allow_non_finite: bool) -> dict:
@@ -86,7 +94,7 @@ def parse_json_object(body: bytes, limits: RequestLimits, allow_non_finite: bool
         raise RouterError(400, f"body is nested too deeply; at most {limits.max_json_depth} levels")
     if bad is not None:
         where, value = bad
-        raise RouterError(400, f"{where}: {value} is not a finite number; send a number")
+        raise RouterError(400, f"{where}: {value} is not a finite number; send a number", param=where)
     return payload
 
 
@@ -118,15 +126,17 @@ def check_llm_fields(payload: dict, context_tokens: int | None, limits: RequestL
         value = payload.get(field)
         if value is not None and not (_whole(value) and 1 <= value <= context):
             raise RouterError(400, f"{field} must be a whole number from 1 to {context} (the model's context "
-                                   f"length), got {value!r}")
+                                   f"length), got {value!r}", param=field)
     for field in CHOICE_FIELDS:
         value = payload.get(field)
         if value is not None and not (_whole(value) and 1 <= value <= limits.max_choices):
-            raise RouterError(400, f"'{field}' must be a whole number from 1 to {limits.max_choices}, got {value!r}")
+            raise RouterError(400, f"'{field}' must be a whole number from 1 to {limits.max_choices}, got {value!r}",
+                              param=field)
     for field in LOGPROB_FIELDS:
         value = payload.get(field)
         if value is None or isinstance(value, bool):  # chat's logprobs is a switch
             continue
         if not (_whole(value) and 0 <= value <= limits.max_logprobs):
-            raise RouterError(400, f"{field} must be a whole number from 0 to {limits.max_logprobs}, got {value!r}")
+            raise RouterError(400, f"{field} must be a whole number from 0 to {limits.max_logprobs}, got {value!r}",
+                              param=field)
     return {key: value for key, value in payload.items() if key not in STRIPPED_FIELDS}

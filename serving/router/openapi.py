@@ -7,8 +7,9 @@ Written by hand (the router is a Starlette app, not FastAPI) and kept to what th
 from __future__ import annotations
 
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
-    "type": "object", "required": ["message", "code"],
-    "properties": {"message": {"type": "string"}, "code": {"type": "integer"}}}}}
+    "type": "object", "required": ["message", "type", "param", "code"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                   "param": {"type": ["string", "null"]}, "code": {"type": "integer"}}}}}
 
 _REFUSALS = {
     "400": "malformed request (the message names the field)",
@@ -16,7 +17,8 @@ _REFUSALS = {
     "403": "the token does not grant this endpoint",
     "404": "no such endpoint",
     "413": "body larger than the router's limit",
-    "415": "not application/json",
+    "415": "not application/json (a classic model's /invocations also takes text/csv and Parquet, and "
+           "answers a 415 in plain text, as MLflow's server does)",
     "429": "rate limited (Retry-After)",
     "503": "no replica can take it now (Retry-After)",
 }

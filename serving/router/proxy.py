@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from starlette.responses import Response, StreamingResponse
 
+from serving.blame import FAULT_HEADER, MODEL_FAULT
 from serving.router import cost, traffic
 from serving.router.admission import RouterError, Upstream
 from serving.router.balancing import make_balancer
@@ -370,11 +371,12 @@ class Proxy:
             list(shadow.replicas), Snapshot(self.in_flight, self.in_flight_requests), self._rng)
         self.in_flight[url] += units
         self.in_flight_requests[url] += 1
-        started, status, answered = time.perf_counter(), 599, 0
+        started, status, answered, model_fault = time.perf_counter(), 599, 0, False
         try:
             async with self.session.post(f"{url}{upstream.path}", data=upstream.body,
                                          headers=_replica_headers(upstream)) as response:
                 status = response.status
+                model_fault = response.headers.get(FAULT_HEADER) == MODEL_FAULT
                 content = await _read_all(response, self.config.max_response_bytes)
                 if content is None:
                     status = 502
@@ -386,7 +388,7 @@ class Proxy:
         finally:
             self._untake(url, units)
         latency_ms = 1000 * (time.perf_counter() - started)
-        self.shadow_latencies.observe(name, latency_ms, self._clock(), status, shadow.revision_id)
+        self.shadow_latencies.observe(name, latency_ms, self._clock(), status, shadow.revision_id, model_fault)
         self.metrics.revision_requests.labels(name, shadow.revision_id, "shadow", str(status)).inc()
         if self.on_shadow is not None:
             self.on_shadow(upstream.route, shadow.revision_id, status, latency_ms, upstream.body, answered)
@@ -394,6 +396,8 @@ class Proxy:
 
 def _replica_headers(upstream: Upstream) -> dict[str, str]:
     """What a replica is sent besides the body: its type, no compression, and the trace headers."""
+    if upstream.content_type != REPLICA_HEADERS["Content-Type"]:
+        return {**REPLICA_HEADERS, "Content-Type": upstream.content_type, **upstream.trace_headers}
     return {**REPLICA_HEADERS, **upstream.trace_headers} if upstream.trace_headers else REPLICA_HEADERS
 
 

@@ -2,7 +2,7 @@
 
 Routes: ``POST /invocations`` (MLflow's protocol), ``GET /health`` and ``GET /ping`` (200 once
 the model is loaded in every worker of the replica, 503 before), ``GET /metrics``
-(Prometheus), ``GET /version``. The model loads in the predict thread after startup, so the
+(Prometheus), ``GET /version`` (the MLflow version, as MLflow's server answers). The model loads in the predict thread after startup, so the
 server answers ``/health`` with 503 while it loads.
 
 Each route only parses, calls the pure or injected piece, and writes the answer; errors are
@@ -17,17 +17,19 @@ import logging
 import time
 from collections.abc import Callable, MutableSequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from importlib.metadata import version
 from pathlib import Path
 
+from serving.blame import FAULT_HEADER, MODEL_FAULT
 from serving.runtime.pyfunc.batcher import MicroBatcher
 from serving.runtime.pyfunc.batching import BatchPolicy
 from serving.runtime.pyfunc.config import PyfuncServerConfig
 from serving.runtime.pyfunc.metrics import ServerMetrics
 from serving.runtime.pyfunc.payload import InvocationError, check_content_type, parse_invocation
-from serving.runtime.pyfunc.responses import Outcome, error_outcome
+from serving.runtime.pyfunc.responses import Outcome, error_outcome, text_outcome
 
 logger = logging.getLogger(__name__)
-JSON = b"application/json"
 HEALTHY = Outcome(200, b'{"status":"ok"}')
 LOADING = error_outcome(503, "The model is still loading; retry shortly.")
 
@@ -83,9 +85,9 @@ class PyfuncApp:
                 await _respond(send, HEALTHY if self.readiness.replica else LOADING)
             elif path == "/metrics":
                 body, content_type = self.metrics.render()
-                await _respond(send, Outcome(200, body), content_type.encode())
+                await _respond(send, Outcome(200, body, content_type.encode()))
             elif path == "/version":
-                await _respond(send, Outcome(200, b'{"server":"modelplane-pyfunc"}'))
+                await _respond(send, Outcome(200, _mlflow_version()))
             else:
                 await _respond(send, error_outcome(404, f"No route {path}: use POST /invocations."))
         elif kind == "lifespan":
@@ -147,22 +149,32 @@ class PyfuncApp:
                 content_length = value
         limit = self.config.max_body_bytes
         try:
-            check_content_type(content_type)
+            body_format = check_content_type(content_type)
             if content_length is not None and content_length.isdigit() and int(content_length) > limit:
                 raise InvocationError(413, _too_large(int(content_length), limit))
         except InvocationError as exc:
-            return error_outcome(exc.status, exc.message)
+            return _error(exc)
         self.batcher.arrival_started()
         try:
             body = await _read_body(receive, limit)
-            invocation = parse_invocation(body, concatenate_frames=self.concatenate_frames)
+            invocation = parse_invocation(body, concatenate_frames=self.concatenate_frames, body_format=body_format)
         except InvocationError as exc:
             self.batcher.arrival_abandoned()
-            return error_outcome(exc.status, exc.message)
+            return _error(exc)
         except BaseException:
             self.batcher.arrival_abandoned()
             raise
         return await self.batcher.submit(invocation)
+
+
+@cache
+def _mlflow_version() -> bytes:
+    return version("mlflow").encode()
+
+
+def _error(exc: InvocationError) -> Outcome:
+    return text_outcome(exc.status, exc.message) if exc.plain_text else error_outcome(exc.status, exc.message,
+                                                                                      exc.error_code)
 
 
 def _too_large(size: int | None, limit: int) -> str:
@@ -191,11 +203,13 @@ async def _read_body(receive, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _respond(send, outcome: Outcome, content_type: bytes = JSON) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", str(len(outcome.body)).encode())]
+async def _respond(send, outcome: Outcome) -> None:
+    headers = [(b"content-type", outcome.content_type), (b"content-length", str(len(outcome.body)).encode())]
     if outcome.status == 503:
         headers.append((b"retry-after", b"1"))
     elif outcome.status == 413:
         headers.append((b"connection", b"close"))  # the rest of the body is never read
+    if outcome.model_fault:
+        headers.append((FAULT_HEADER.encode(), MODEL_FAULT.encode()))
     await send({"type": "http.response.start", "status": outcome.status, "headers": headers})
     await send({"type": "http.response.body", "body": outcome.body})

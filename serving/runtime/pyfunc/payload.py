@@ -1,12 +1,17 @@
 """An MLflow scoring request, from bytes to a value the batcher can use. Pure: no model, no I/O.
 
-MLflow's protocol (``mlflow/pyfunc/scoring_server``): the body is a JSON object with exactly
+MLflow's protocol (``mlflow/pyfunc/scoring_server``): a JSON body is an object with exactly
 one of ``dataframe_split``, ``dataframe_records``, ``instances`` or ``inputs``, plus an optional
-``params`` object; other keys are ignored, as MLflow ignores them. This module checks the
-envelope (content type, JSON, one input key, a non-empty input) and, for the two dataframe
-formats, turns the input into plain rows so that requests with the same columns and params
-can be concatenated into one DataFrame. Everything about values and types is left to MLflow's
-own parsing and schema enforcement in :mod:`.predictor`.
+``params`` object, other keys ignored as MLflow ignores them; or, for models that take chat,
+completion or embedding requests, an object with ``messages``, ``prompt`` or ``input`` (MLflow's
+"unified LLM input": the whole object is the model's input, and its answer is not wrapped in
+``predictions``). JSON is read as Python's ``json`` reads it, so ``NaN``, ``Infinity`` and
+``1e400`` are numbers, as in MLflow. A ``text/csv`` or ``application/vnd.apache.parquet`` body is
+a DataFrame, read by MLflow's own parsers in :mod:`.predictor`. This module checks the envelope
+(content type, JSON, one input key, a non-empty input) and, for the two dataframe formats, turns
+the input into plain rows so that requests with the same columns and params can be concatenated
+into one DataFrame. Everything about values and types is left to MLflow's own parsing and schema
+enforcement in :mod:`.predictor`.
 
 Example: ``{"dataframe_records": [{"a": 1, "b": 2}]}`` and
 ``{"dataframe_split": {"columns": ["a", "b"], "data": [[3, 4]]}}`` both become rows under the
@@ -15,6 +20,7 @@ columns ``("a", "b")`` and share a batch key, so one ``predict`` sees ``[[1, 2],
 
 from __future__ import annotations
 
+import json
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +28,7 @@ from typing import Any
 import msgspec
 
 from serving.json_nesting import depth
+from serving.runtime.pyfunc.responses import BAD_REQUEST, INVALID_PARAMETER_VALUE
 
 DF_SPLIT = "dataframe_split"
 DF_RECORDS = "dataframe_records"
@@ -29,6 +36,11 @@ INSTANCES = "instances"
 INPUTS = "inputs"
 INPUT_KEYS = (DF_SPLIT, DF_RECORDS, INSTANCES, INPUTS)
 PARAMS_KEY = "params"
+LLM_KEYS = ("messages", "prompt", "input")  # MLflow's SUPPORTED_LLM_FORMATS: chat, completions, embeddings
+LLM_INPUT = "llm"  # Invocation.input_key of a unified LLM request: the whole object is the input
+CSV, PARQUET = "csv", "parquet"  # Invocation.input_key of a CSV or Parquet body (the raw bytes)
+JSON_TYPE, CSV_TYPE, PARQUET_TYPE = "application/json", "text/csv", "application/vnd.apache.parquet"
+BODY_FORMATS = {JSON_TYPE: "json", CSV_TYPE: CSV, PARQUET_TYPE: PARQUET}
 
 _EXAMPLE = '{"dataframe_split": {"columns": ["x"], "data": [[1.0]]}}'
 # Tensors of rank 30 and dataframes nest far less; a hostile body may nest 100,000 levels.
@@ -40,10 +52,12 @@ _key_encoder = msgspec.json.Encoder(order="sorted")
 class InvocationError(Exception):
     """A request the server answers without predicting: an HTTP status and a message to act on."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, error_code: str | None = None, *, plain_text: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.error_code = error_code  # None: the status's usual code (responses.ERROR_CODES)
+        self.plain_text = plain_text  # answered as text/plain, as MLflow answers a content type it refuses
 
 
 @dataclass(frozen=True)
@@ -66,44 +80,52 @@ class Invocation:
     batch_key: Hashable | None = None  # equal keys may share one predict call; None = alone
 
 
-def check_content_type(content_type: str | None) -> None:
-    """Accept ``application/json`` with at most a ``charset=utf-8`` parameter; else 415.
+def check_content_type(content_type: str | None) -> str:
+    """The body's format ("json", "csv" or "parquet") for a content type MLflow's server reads,
+    with at most a ``charset=utf-8`` parameter; else 415, in plain text as MLflow answers it.
+
+    Unlike MLflow's server, which answers a request without a Content-Type with a 500, this is a
+    415; and the type and charset are compared without regard to case (RFC 9110).
 
     >>> check_content_type("application/json; charset=UTF-8")
+    'json'
+    >>> check_content_type("text/csv")
+    'csv'
     """
     if not content_type:
-        raise InvocationError(415, "Content-Type is missing: send 'Content-Type: application/json'.")
+        raise InvocationError(415, "Content-Type is missing: send 'Content-Type: application/json'.", plain_text=True)
     mime, *parameters = (part.strip() for part in content_type.split(";"))
-    if mime.lower() != "application/json":
-        raise InvocationError(415, f"Content-Type {content_type!r} is not supported: send 'application/json' "
-                                   "(this server does not read CSV or Parquet).")
     for parameter in parameters:
         name, _, value = parameter.partition("=")
-        if name.strip().lower() != "charset" or value.strip().strip('"').lower() not in ("utf-8", "utf8"):
-            raise InvocationError(415, f"Content-Type parameter {parameter!r} is not supported: send "
-                                       "'application/json' or 'application/json; charset=utf-8'.")
+        if name.strip().lower() != "charset":
+            raise InvocationError(415, f"Unrecognized content type parameters: {name.strip()}. Send "
+                                       "'application/json' or 'application/json; charset=utf-8'.", plain_text=True)
+        if value.strip().strip('"').lower() not in ("utf-8", "utf8"):
+            raise InvocationError(415, "The scoring server only supports UTF-8.", plain_text=True)
+    body_format = BODY_FORMATS.get(mime.lower())
+    if body_format is None:
+        raise InvocationError(415, f"This predictor only supports the following content types: Types: "
+                                   f"{list(BODY_FORMATS)}. Got {content_type!r}.", plain_text=True)
+    return body_format
 
 
-def parse_invocation(body: bytes, *, concatenate_frames: bool = True) -> Invocation:
+def parse_invocation(body: bytes, *, concatenate_frames: bool = True, body_format: str = "json") -> Invocation:
     """Parse a request body; raises :class:`InvocationError` (400) for a malformed envelope.
 
     ``concatenate_frames=False`` gives every request its own predict call (for models whose
-    predict does not take a DataFrame, e.g. type-hinted PythonModels).
+    predict does not take a DataFrame, e.g. type-hinted PythonModels). ``body_format`` is what
+    :func:`check_content_type` said: a CSV or Parquet body is kept as bytes for MLflow's parser.
     """
-    too_deep = InvocationError(400, f"The body is nested more than {MAX_JSON_DEPTH} levels deep; no MLflow input "
-                                    "format needs that.")
-    try:
-        document = _decoder.decode(body)
-    except msgspec.DecodeError as exc:
-        raise InvocationError(400, f"The body is not valid UTF-8 JSON ({exc}). Send a JSON object such as "
-                                   f"{_EXAMPLE}.") from None
-    except RecursionError:
-        raise too_deep from None
-    if depth(document) > MAX_JSON_DEPTH:
-        raise too_deep
+    if body_format in (CSV, PARQUET):
+        if not body.strip():
+            raise InvocationError(400, f"The {body_format.upper()} body is empty: send at least one row.")
+        return Invocation(body_format, body, None, max(1, body.count(b"\n") - 1) if body_format == CSV else 1)
+    document = _decode_json(body)
     if not isinstance(document, dict):
         raise InvocationError(400, f"The body must be a JSON object with exactly one of {', '.join(INPUT_KEYS)}; "
                                    f"got a JSON {type(document).__name__}. Example: {_EXAMPLE}.")
+    if any(key in document for key in LLM_KEYS):  # MLflow looks for these first
+        return Invocation(LLM_INPUT, document, None, 1)
     keys = [key for key in INPUT_KEYS if key in document]
     if len(keys) != 1:
         found = ", ".join(keys) if keys else f"none (keys were: {', '.join(map(str, document)) or 'none'})"
@@ -113,7 +135,7 @@ def parse_invocation(body: bytes, *, concatenate_frames: bool = True) -> Invocat
     params = document.get(PARAMS_KEY)
     if params is not None and not isinstance(params, dict):
         raise InvocationError(400, f"'params' must be a JSON object of parameter name to value; "
-                                   f"got a {type(params).__name__}.")
+                                   f"got a {type(params).__name__}.", INVALID_PARAMETER_VALUE)
 
     frame = _frame_rows(key, value)
     row_count = len(frame.rows) if frame else _row_count(key, value)
@@ -123,6 +145,34 @@ def parse_invocation(body: bytes, *, concatenate_frames: bool = True) -> Invocat
     if frame is not None and concatenate_frames:
         batch_key = ("frame", frame.columns, _key_encoder.encode(params) if params else b"")
     return Invocation(key, value, params, row_count, frame, batch_key)
+
+
+def _decode_json(body: bytes) -> Any:
+    """The JSON document, as Python's ``json`` (MLflow's reader) reads it; 400 if it is not one.
+
+    msgspec reads it first (fast); what msgspec refuses that ``json`` accepts (``NaN``,
+    ``Infinity``, ``-Infinity``, a number too large for a float) is read by ``json``.
+
+    >>> _decode_json(b'[NaN, -Infinity, 1e400]')
+    [nan, -inf, inf]
+    """
+    too_deep = InvocationError(400, f"The body is nested more than {MAX_JSON_DEPTH} levels deep; no MLflow input "
+                                    "format needs that.")
+    try:
+        document = _decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        try:
+            document = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise InvocationError(400, f"The body is not valid UTF-8 JSON ({exc}). Send a JSON object such as "
+                                       f"{_EXAMPLE}.", BAD_REQUEST) from None
+        except RecursionError:
+            raise too_deep from None
+    except RecursionError:
+        raise too_deep from None
+    if depth(document) > MAX_JSON_DEPTH:
+        raise too_deep
+    return document
 
 
 def _frame_rows(key: str, value: Any) -> FrameRows | None:

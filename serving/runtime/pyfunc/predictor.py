@@ -8,20 +8,29 @@ a model that cannot take the batch, predictions that do not split by rows), ever
 redone on its own, so one bad request cannot fail the others and gets its own status.
 
 On its own, a request goes exactly MLflow's way (``infer_and_parse_data``, then
-``_validate_prediction_input``, then ``PyFuncModel.predict``) and errors map to statuses:
+``_validate_prediction_input``, then ``PyFuncModel.predict``) and errors get the statuses and
+codes of MLflow's scoring server, so that no input a client sends can make the replica look
+broken (a 5xx counts toward outlier ejection, the 5xx alerts and the bake rollback):
 
-====================================================  ======
-MLflow could not read the input (shape, JSON layout)   400
-a value does not convert to its column's type          422
-the signature's enforcement fails (missing column…)    422
-the model raises on input holding nulls/NaN            422
-the model raises on input that passed the signature    500
-====================================================  ======
+====================================================  ======  =========================
+MLflow could not read the input (shape, JSON layout)   400     BAD_REQUEST
+a value does not convert to its column's type          400     BAD_REQUEST
+the signature's enforcement fails (missing column…)    400     INVALID_PARAMETER_VALUE
+params that fail the params schema                     400     INVALID_PARAMETER_VALUE
+the model raises an MlflowException                    its own status and code
+the model raises anything else (its input rejected)    400     BAD_REQUEST †
+the predictions cannot be written as JSON              500     INTERNAL_ERROR
+====================================================  ======  =========================
+
+† marked as the model's fault (``X-Modelplane-Fault: model``, :mod:`serving.blame`) when the
+input passed the model's signature: the version's fault, not the client's nor the replica's.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from io import BytesIO, StringIO
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +39,12 @@ import numpy as np
 import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.pyfunc import PyFuncModel, _validate_prediction_input, load_model
-from mlflow.pyfunc.scoring_server import infer_and_parse_data
+from mlflow.pyfunc.scoring_server import (
+    _split_data_and_params_for_llm_input,
+    infer_and_parse_data,
+    parse_csv_input,
+    parse_parquet_input,
+)
 from mlflow.types import DataType, Schema
 from mlflow.utils.proto_json_utils import (
     MlflowFailedTypeConversion,
@@ -40,8 +54,8 @@ from mlflow.utils.proto_json_utils import (
 )
 
 from serving.runtime.pyfunc.batching import row_bounds
-from serving.runtime.pyfunc.payload import INPUTS, Invocation, InvocationError
-from serving.runtime.pyfunc.responses import Outcome, error_outcome
+from serving.runtime.pyfunc.payload import CSV, INPUTS, LLM_INPUT, PARQUET, Invocation, InvocationError
+from serving.runtime.pyfunc.responses import BAD_REQUEST, INVALID_PARAMETER_VALUE, Outcome, error_outcome
 
 logger = logging.getLogger(__name__)
 
@@ -58,9 +72,27 @@ def _numpy_to_json(value: Any) -> Any:
 _encoder = msgspec.json.Encoder(enc_hook=_numpy_to_json)
 
 
-def encode_predictions(raw: Any) -> bytes:
-    """``{"predictions": ...}`` as MLflow writes it (DataFrames as records; NaN as null)."""
-    return _encoder.encode({"predictions": _get_jsonable_obj(raw, pandas_orient="records")})
+def encode_predictions(raw: Any, wrapped: bool = True) -> bytes:
+    """``{"predictions": ...}`` as MLflow writes it (DataFrames as records; NaN, Infinity and
+    -Infinity as Python's ``json`` writes them); without the wrapper for a unified LLM request.
+
+    >>> encode_predictions(np.array([1.5, np.inf, np.nan]))
+    b'{"predictions": [1.5, Infinity, NaN]}'
+    >>> encode_predictions({"choices": [{"text": "hi"}]}, wrapped=False)
+    b'{"choices":[{"text":"hi"}]}'
+    """
+    document = _get_jsonable_obj(raw, pandas_orient="records")
+    if wrapped:
+        document = {"predictions": document}
+    body = _encoder.encode(document)
+    if b"null" in body:  # msgspec writes NaN and ±inf as null: MLflow's encoder writes them as numbers
+        body = json.dumps(document, cls=NumpyEncoder).encode()
+    return body
+
+
+def _status_of(exc: MlflowException) -> tuple[int, str]:
+    """The HTTP status and error code MLflow's server answers an MlflowException with."""
+    return exc.get_http_status_code(), exc.error_code
 
 
 def slice_rows(raw: Any, start: int, stop: int, total_rows: int) -> Any:
@@ -171,45 +203,65 @@ class PyfuncPredictor:
         return numeric_frame(columns, rows, self.numeric_dtype)
 
     def predict_one(self, item: Invocation) -> Outcome:
-        """One request, exactly MLflow's way, with each failure mapped to its status."""
+        """One request, exactly MLflow's way, with each failure mapped to MLflow's status."""
         try:
-            data = self._parse(item)
+            data, params = self._parse(item)
         except InvocationError as exc:
-            return error_outcome(exc.status, exc.message)
-        params = item.params
-        if not self.takes_raw_inputs:
+            return error_outcome(exc.status, exc.message, exc.error_code)
+        if not self.takes_raw_inputs and item.input_key != LLM_INPUT:
             try:
                 data, params = _validate_prediction_input(data, params, self.input_schema, self.params_schema,
                                                           self.flavor)
             except Exception as exc:  # noqa: BLE001 - MLflow wraps every enforcement failure
+                status, code = _status_of(exc) if isinstance(exc, MlflowException) else (400, BAD_REQUEST)
                 cause = exc.__context__ or exc  # the concise reason, without MLflow's dump of the data
-                return error_outcome(422, f"The input does not match the model signature: {_mlflow_message(cause)}"
-                                          f" Signature inputs: {self.input_schema}.")
+                return error_outcome(status, f"The input does not match the model signature: "
+                                             f"{_mlflow_message(cause)} Signature inputs: {self.input_schema}.", code)
         try:
             raw = self.model.predict(data, params=params)
-        except Exception as exc:  # noqa: BLE001 - the model's own failure
-            if self.takes_raw_inputs and isinstance(exc, MlflowException) and exc.error_code in (
-                    "INVALID_PARAMETER_VALUE", "BAD_REQUEST"):
-                return error_outcome(422, f"The input does not match the model's type hints: {_mlflow_message(exc)}")
+        except MlflowException as exc:
+            status, code = _status_of(exc)
+            return error_outcome(status, f"The model rejected the input: {_mlflow_message(exc)}", code)
+        except Exception as exc:  # noqa: BLE001 - MLflow's server: the input was not one the model takes
+            logger.debug("predict raised on a request", exc_info=True)
             missing = missing_value_columns(data)
-            if missing:
-                return error_outcome(422, f"The model failed on missing (null/NaN) values in {missing}; send a "
-                                          f"value for every field. Model error: {type(exc).__name__}: {exc}")
-            logger.exception("predict failed")
-            return error_outcome(500, f"The model raised {type(exc).__name__}: {exc}")
+            hint = (f"It holds missing (null/NaN) values in {missing}; send a value for every field. " if missing
+                    else "")
+            # with a signature the input passed, the model failed on what it declared it takes:
+            # the version's fault, counted for its canary and bake (serving.blame), not the replica's
+            signed = self.input_schema is not None and item.input_key != LLM_INPUT
+            return error_outcome(400, "Encountered an unexpected error while evaluating the model. Verify that the "
+                                      f"input is compatible with the model for inference. {hint}"
+                                      f"The model raised {type(exc).__name__}: {exc}", BAD_REQUEST, model_fault=signed)
         try:
-            return Outcome(200, encode_predictions(raw))
+            return Outcome(200, encode_predictions(raw, wrapped=item.input_key != LLM_INPUT))
         except Exception as exc:  # noqa: BLE001
+            logger.exception("the predictions could not be encoded")
             return error_outcome(500, f"The model's predictions could not be encoded as JSON: {exc}")
 
-    def _parse(self, item: Invocation) -> Any:
+    def _parse(self, item: Invocation) -> tuple[Any, dict[str, Any] | None]:
+        """The model's input and params, read by MLflow's own parsers."""
+        if item.input_key == LLM_INPUT:
+            return _split_data_and_params_for_llm_input(item.input_value, self.params_schema)
         if self.takes_raw_inputs:
             if item.input_key != INPUTS:
-                raise InvocationError(400, "This model has a type-hinted signature: send its input under 'inputs'.")
-            return item.input_value
+                raise InvocationError(400, "This model has a type-hinted signature: send its input under 'inputs'.",
+                                      INVALID_PARAMETER_VALUE)
+            return item.input_value, item.params
         try:
-            return infer_and_parse_data({item.input_key: item.input_value}, self.input_schema)
+            if item.input_key == CSV:
+                return parse_csv_input(StringIO(item.input_value.decode("utf-8")), schema=self.input_schema), None
+            if item.input_key == PARQUET:
+                return parse_parquet_input(BytesIO(item.input_value)), None
+            return infer_and_parse_data({item.input_key: item.input_value}, self.input_schema), item.params
+        except UnicodeDecodeError as exc:
+            raise InvocationError(400, f"The CSV body is not valid UTF-8: {exc}", BAD_REQUEST) from None
         except MlflowFailedTypeConversion as exc:
-            raise InvocationError(422, f"{_mlflow_message(exc)} Signature inputs: {self.input_schema}.") from None
+            raise InvocationError(400, f"{_mlflow_message(exc)} Signature inputs: {self.input_schema}.",
+                                  exc.error_code) from None
+        except MlflowException as exc:
+            status, code = _status_of(exc)
+            raise InvocationError(status, f"Could not read '{item.input_key}': {_mlflow_message(exc)}", code) from None
         except Exception as exc:  # noqa: BLE001 - MLflow's parser: anything it cannot read is bad input
-            raise InvocationError(400, f"Could not read '{item.input_key}': {_mlflow_message(exc)}") from None
+            raise InvocationError(400, f"Could not read '{item.input_key}': {_mlflow_message(exc)}",
+                                  BAD_REQUEST) from None
