@@ -103,7 +103,9 @@ def router_app():
 
     from serving.runtime.process import free_port
 
-    app = create_app(RouterConfig(refresh_interval_s=60), lambda: table)
+    # the fuzzer makes up a token per request, one after another: each would wait up to the
+    # default 0.5 s between table reads for its 401 (tests/test_router.py checks that spacing)
+    app = create_app(RouterConfig(refresh_interval_s=60, unknown_token_reread_s=0.01), lambda: table)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

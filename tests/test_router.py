@@ -4,6 +4,7 @@ import json
 import random
 import socket
 import threading
+import time
 
 import pytest
 from starlette.testclient import TestClient
@@ -207,6 +208,37 @@ def test_a_token_created_just_after_a_refresh_is_accepted_at_once(replicas):
         reads_before = len(reads)
         assert client.get("/v1/models", headers=auth("mp_e_never")).status_code == 401
         assert len(reads) == reads_before + 1  # an unknown token costs one read, then a 401
+
+
+def test_bad_tokens_cost_the_database_no_more_than_the_periodic_refresh(replicas):
+    """A token a read did not find is refused without another read; made-up tokens share reads,
+    which begin at most once per unknown_token_reread_s; a missing or malformed header reads nothing."""
+    import concurrent.futures
+
+    table = table_for([replicas["gec-0"].url], [replicas["iris-0"].url])
+    read_at: list[float] = []
+
+    def load_table():
+        read_at.append(time.monotonic())
+        return table
+
+    config = RouterConfig(refresh_interval_s=3600, unknown_token_reread_s=0.3)
+    with TestClient(create_app(config, load_table)) as client:
+        def models(token: str | None, authorization: str | None = None) -> int:
+            headers = auth(token) if token else {"Authorization": authorization} if authorization else {}
+            return client.get("/v1/models", headers=headers).status_code
+
+        assert models("mp_x_made_up") == 401 and len(read_at) == 2  # the start, then one read for the miss
+        assert [models("mp_x_made_up") for _ in range(20)] == [401] * 20
+        assert models(None) == models(None, "Basic abc") == models(None, "Bearer ") == 401
+        assert len(read_at) == 2  # the same token again, and no token at all: no read
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            assert set(pool.map(models, [f"mp_y_{i}" for i in range(48)])) == {401}
+        assert [models(f"mp_z_{i}") for i in range(4)] == [401] * 4
+        assert models(GEC_TOKEN) == 200
+    gaps = [later - earlier for earlier, later in zip(read_at[1:], read_at[2:])]
+    assert len(read_at) <= 2 + 3 + 4, read_at  # 48 made-up tokens at once share a few reads
+    assert min(gaps) >= 0.3 - 0.01, gaps  # never closer than unknown_token_reread_s
 
 
 def test_with_a_cost_model_requests_are_priced_in_model_units_and_answers_checked_against_it(replicas):

@@ -30,6 +30,16 @@ class Upstream:
     trace_headers: dict[str, str] = field(default_factory=dict)
 
 
+def token_key(authorization: str | None) -> str | None:
+    """The sha256 of a well-formed bearer token (what the table holds), or None.
+
+    >>> token_key("Bearer mp_x") == token_sha256("mp_x"), token_key("Basic abc"), token_key(None)
+    (True, None, None)
+    """
+    scheme, _, token = (authorization or "").partition(" ")
+    return token_sha256(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+
+
 def authenticate(authorization: str | None, table: RoutingTable) -> Grant:
     if not authorization:
         raise RouterError(401, "missing Authorization header; send 'Authorization: Bearer <token>' "

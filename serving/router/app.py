@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import socket
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from datetime import datetime, timedelta, timezone
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from serving.blame import FAULT_HEADER, MODEL_FAULT
@@ -32,7 +33,7 @@ from serving.router.activator import Activator
 from serving.router.admission import RouterError
 from serving.router.balancing.keys import prefix_key, session_key
 from serving.router.config import RouterConfig
-from serving.router.errors import error_body, mlflow_error_code
+from serving.router.errors import error_response
 from serving.router.openapi import DOCUMENT as OPENAPI
 from serving.router.gatekeeper import Gatekeeper
 from serving.router.inference_log import InferenceLogWriter, LogSink
@@ -44,20 +45,9 @@ from serving.router.recorder import Recorder
 from serving.router.signals import InFlightWindow
 from serving.router.table import EndpointRoute, RoutingTable
 from serving.router.tracing import Tracer
+from serving.router.unknown_tokens import UnknownTokens
 
 log = logging.getLogger("modelplane.router")
-
-
-def error_response(exc: RouterError, mlflow: bool = False) -> Response:
-    """The OpenAI error shape vLLM's server sends (``{"error": {"message", "type", "param",
-    "code"}}``); on MLflow's ``/invocations`` route MLflow's ``error_code`` and ``message`` beside it,
-    which MLflow's clients read, and a 415 in plain text, as MLflow's server answers it."""
-    if mlflow and exc.status == 415:
-        return PlainTextResponse(str(exc), status_code=415, headers=exc.headers)
-    body = error_body(exc.status, str(exc), exc.param)
-    if mlflow:
-        body = {"error_code": mlflow_error_code(exc.status), "message": str(exc), **body}
-    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
 
 def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
@@ -93,11 +83,13 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
     limits = config.limits()
     # "read_at": when the read that produced the current table began; the table shows the
     # database as it was at that moment or later.
-    state = {"table": RoutingTable(), "read_at": -1.0}
+    state = {"table": RoutingTable(), "read_at": -1.0, "tried_at": -math.inf}  # tried_at: when the last read began
     reload_lock = asyncio.Lock()
+    unknown_tokens = UnknownTokens()
 
     async def refresh() -> None:
         started, began_at = time.monotonic(), datetime.now(timezone.utc)
+        state["tried_at"] = started
         table = await asyncio.to_thread(load_table)
         if started > state["read_at"]:  # a slow read never replaces a newer one
             state["table"], state["read_at"] = table, started
@@ -128,34 +120,45 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
                     log.exception("pruning the inference log of %s failed", name)
 
     async def refresh_forever() -> None:
-        while True:
+        while True:  # one read per interval, counting the reads unknown tokens asked for
+            wait_s = state["tried_at"] + config.refresh_interval_s - time.monotonic()
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
+                continue
             try:
                 await refresh()
             except Exception:  # noqa: BLE001 - keep serving the last good table
                 log.exception("refreshing the routing table failed; keeping the previous one")
-            await asyncio.sleep(config.refresh_interval_s)
 
     async def authenticate(request: Request):
         """A token created a moment ago may be newer than the table: on a miss, make sure the
-        table was read after this request arrived (reading it again if not) before answering 401.
-
-        Reloads are serialized, and one read serves every miss that arrived before it began,
-        so a burst of unknown tokens costs one read per burst, not one per request.
+        table was read after this request arrived before answering 401. Misses share reads
+        (one read serves every miss that arrived before it began), reads begin at most once per
+        ``unknown_token_reread_s``, and a token a read did not find is refused without another
+        (:mod:`serving.router.unknown_tokens`).
         """
-        arrived = time.monotonic()
+        arrived, authorization = time.monotonic(), request.headers.get("authorization")
         try:
-            return admission.authenticate(request.headers.get("authorization"), state["table"])
+            return admission.authenticate(authorization, state["table"])
         except RouterError as exc:
-            if exc.status != 401:
+            key = admission.token_key(authorization)
+            if exc.status != 401 or key is None or key in unknown_tokens:
                 raise
             async with reload_lock:
+                wait_s = state["tried_at"] + config.unknown_token_reread_s - time.monotonic()
+                if state["read_at"] < arrived and wait_s > 0:
+                    await asyncio.sleep(wait_s)
                 if state["read_at"] < arrived:
                     try:
                         await refresh()
                     except Exception:  # noqa: BLE001 - the database being down is no reason to 500
                         log.exception("reloading the routing table for an unknown token failed")
                         raise exc from None
-            return admission.authenticate(request.headers.get("authorization"), state["table"])
+            try:
+                return admission.authenticate(authorization, state["table"])
+            except RouterError:
+                unknown_tokens.add(key)
+                raise
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):

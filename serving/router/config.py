@@ -10,6 +10,11 @@ class RouterConfig(BaseModel):
     port: int = Field(8080, ge=1, le=65535, description="Port clients call.")
     max_body_bytes: int = Field(1 << 20, gt=0, description="Largest request body accepted (413 above), bytes.")
     refresh_interval_s: float = Field(0.5, gt=0, description="How often discovery re-reads replicas, tokens, specs.")
+    unknown_token_reread_s: float = Field(0.5, gt=0, description="A request whose token the table lacks waits for a "
+                                          "read that began after it arrived (a token created a moment ago works); "
+                                          "such reads begin at most once per this many seconds, and a token a read "
+                                          "found unknown is answered 401 at once for a minute, so bad tokens cost the "
+                                          "database no more than the periodic refresh.")
     connect_timeout_s: float = Field(2.0, gt=0, description="TCP connect to a replica.")
     request_timeout_s: float = Field(300.0, gt=0, description="Whole upstream request, first byte to last.")
     max_attempts: int = Field(3, ge=1, description="Tries per request over distinct replicas; only connect failures "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from http import HTTPStatus
 
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
 # OpenAI's error types by status, as vLLM's server names them (and the openai SDK's exception
 # classes, which the SDK picks by status); other statuses get their HTTP reason phrase.
 OPENAI_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
@@ -46,3 +48,15 @@ def mlflow_error_code(status: int) -> str:
     ('REQUEST_LIMIT_EXCEEDED', 'INTERNAL_ERROR')
     """
     return MLFLOW_CODES.get(status, "BAD_REQUEST" if 400 <= status < 500 else "INTERNAL_ERROR")
+
+
+def error_response(exc: RouterError, mlflow: bool = False) -> Response:
+    """The OpenAI error shape vLLM's server sends (``{"error": {"message", "type", "param",
+    "code"}}``); on MLflow's ``/invocations`` route MLflow's ``error_code`` and ``message`` beside it,
+    which MLflow's clients read, and a 415 in plain text, as MLflow's server answers it."""
+    if mlflow and exc.status == 415:
+        return PlainTextResponse(str(exc), status_code=415, headers=exc.headers)
+    body = error_body(exc.status, str(exc), exc.param)
+    if mlflow:
+        body = {"error_code": mlflow_error_code(exc.status), "message": str(exc), **body}
+    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
