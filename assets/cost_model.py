@@ -69,6 +69,27 @@ def _strictest(specs: list[EndpointSpec]) -> EndpointSpec:
     return min(specs, key=lambda s: (s.slo.p99_latency_ms, s.slo.time_to_first_token_ms or float("inf")))
 
 
+UNMEASURED_TARGET_CONCURRENCY = 1.0  # a classic model with nothing to benchmark it on: one request per replica
+
+
+def unmeasured(context: AssetExecutionContext, spec: EndpointSpec, model: str, version: str, hardware_profile: str,
+               checkpoint: str) -> Output[dict]:
+    """No sweep: a classic model logged without an input example, whose spec names none. It is
+    deployed at the spec's target concurrency (else one request per replica), and the asset says
+    why, in the run's log and its metadata."""
+    target = spec.scaling.target_concurrency or UNMEASURED_TARGET_CONCURRENCY
+    message = (f"{model} v{version} was logged without an input example and endpoint {spec.name} names none "
+               f"(cost_model.example in its spec), so nothing could be sent to measure it: no cost model, target "
+               f"concurrency {target:g} ({'scaling.target_concurrency' if spec.scaling.target_concurrency else 'the default'}"
+               f"). Log the model with input_example=..., or set cost_model.example, to have it measured.")
+    context.log.warning(message)
+    value = {"model": model, "version": version, "hardware_profile": hardware_profile, "cost_model": None,
+             "target_concurrency": target, "mlflow_run_id": None, "replica_start_s": None}
+    return Output(value, metadata={"hardware_profile": hardware_profile, "checkpoint": checkpoint,
+                                   "target_concurrency": target, "measured": False,
+                                   "warning": MetadataValue.md(f"**Not measured.** {message}")})
+
+
 @asset(
     partitions_def=model_versions,
     group_name=GROUP,
@@ -110,6 +131,9 @@ def cost_model(
     for each in specs:  # what served_endpoint would refuse: refused before a sweep's minutes are spent
         replicas_that_fit(each, choose_runtime(each.runtime, is_llm), str(serve_dir),
                           max(1, each.scaling.min_replicas), capacity)
+    example = None if is_llm else spec.cost_model.example or classic_input_example(serve_dir)
+    if not is_llm and example is None:
+        return unmeasured(context, spec, model, version, profile.key, checkpoint.label)
     backend = cluster.client()
     driver = RolloutDriver(backend, RevisionStore(control_plane.engine()), context.log.info)
     context.log.info(f"{model} v{version} ({checkpoint.label}) on {profile.key}: {grid.n_points} sweep points "
@@ -133,8 +157,7 @@ def cost_model(
             samples, points = run_sweep(replica.url, grid, model_name=BENCH_MODEL_NAME, vocab_size=vocab,
                                         log=context.log.info)
         else:
-            samples, points = run_sweep(replica.url, grid, classic_body=classic_input_example(serve_dir),
-                                        log=context.log.info)
+            samples, points = run_sweep(replica.url, grid, classic_body=example, log=context.log.info)
         sweep_s = time.monotonic() - started
     finally:
         backend.delete(revision_id)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -121,6 +121,10 @@ class CostModelSweep(_Strict):
     concurrency: list[Annotated[int, Field(ge=1, le=1024)]] = Field(
         [1, 4, 8, 16], min_length=1, max_length=12, description="Requests in flight per replica to sweep.")
     requests_per_point: int = Field(8, ge=1, le=1000, description="Least requests sent at each point.")
+    example: dict[str, Any] | None = Field(
+        None, description="Classic models: the request body the sweep sends, in MLflow's scoring format (e.g. "
+        "{dataframe_split: {columns: [x], data: [[1.0]]}}). None: the model's logged input example; a model logged "
+        "without one is deployed unmeasured, at scaling.target_concurrency (else 1), with a warning.")
     max_point_s: float = Field(9.0, gt=0, le=600, description="Time budget of one point, seconds.")
 
     @model_validator(mode="after")
@@ -131,6 +135,15 @@ class CostModelSweep(_Strict):
                              f"{points * self.max_point_s:g} s; at most {MAX_SWEEP_S:g} s: sweep fewer values or "
                              "lower max_point_s")
         return self
+
+    @field_validator("example")
+    @classmethod
+    def _scoring_body(cls, example: dict | None) -> dict | None:
+        keys = ("dataframe_split", "dataframe_records", "instances", "inputs")
+        if example is not None and sum(key in example for key in keys) != 1:
+            raise ValueError(f"example must be an MLflow scoring request with exactly one of {', '.join(keys)}; "
+                             f"got keys {sorted(example)}")
+        return example
 
     @field_validator("input_tokens", "output_tokens", "concurrency")
     @classmethod

@@ -65,9 +65,10 @@ def opened_files(trace_lines: Iterable[str], roots: dict[str, Path]) -> dict[str
     return {name: list(files) for name, files in found.items()}
 
 
-def trace_startup(launch: ReplicaLaunch, probe: ProbeRequest, roots: dict[str, Path], work_dir: Path,
+def trace_startup(launch: ReplicaLaunch, probe: ProbeRequest | None, roots: dict[str, Path], work_dir: Path,
                   port: int, timeout_s: float = 900.0) -> dict[str, list[str]]:
-    """Run ``launch`` under strace until it answers ``probe``; the files it opened under each root.
+    """Run ``launch`` under strace until it answers ``probe`` (None: until it is healthy); the
+    files it opened under each root.
 
     ``launch`` must listen on ``port``. Raises RuntimeError when strace is missing (Debian package
     ``strace``) or the runtime does not start."""
@@ -82,10 +83,11 @@ def trace_startup(launch: ReplicaLaunch, probe: ProbeRequest, roots: dict[str, P
     argv = [strace, "-f", "--seccomp-bpf", "-qq", "-e", "trace=open,openat,openat2,execve", "-e", "signal=none",
             "-o", str(trace_path), *launch.argv]
     with running_server(argv, launch.env, port, work_dir / "startup.log", startup_timeout_s=timeout_s) as (base, _):
-        answer = httpx.post(f"{base}{probe.path}", json=probe.json, timeout=timeout_s, trust_env=False)
-        if not answer.is_success:
-            raise RuntimeError(f"the traced runtime answered its warm-up request with {answer.status_code}: "
-                               f"{answer.text[:300]}")
+        if probe is not None:
+            answer = httpx.post(f"{base}{probe.path}", json=probe.json, timeout=timeout_s, trust_env=False)
+            if not answer.is_success:
+                raise RuntimeError(f"the traced runtime answered its warm-up request with {answer.status_code}: "
+                                   f"{answer.text[:300]}")
     with trace_path.open(errors="replace") as lines:
         return opened_files(lines, roots)
 

@@ -69,6 +69,7 @@ LONGEST_FIRST = (
     "tests/test_vllm_runtime.py",
     "tests/test_amx.py",
     "tests/test_source_model.py",
+    "tests/test_mlflow_conformance.py",  # six servers at once: mlflow models serve and a replica per model
     "tests/test_warm_pool.py",
     "tests/test_demo_models.py",
     "tests/test_kubernetes_pod.py",

@@ -61,6 +61,15 @@ def test_state_is_explicit_and_returned():
     assert verdict is P and state.probe_sent_at_s == 130.0
 
 
+def test_with_nothing_to_probe_with_an_idle_replica_stays_alive_and_a_busy_one_can_still_hang():
+    config = LivenessConfig(idle_probe_after_s=10, hang_after_s=15, probe_timeout_s=5)
+    state, verdicts = LivenessState(), []
+    for now_s, in_flight in ((0, 0), (10, 0), (100, 0), (101, 1), (116, 1)):
+        verdict, state = decide(Progress(1, in_flight, 0), state, now_s, config, can_probe=False)
+        verdicts.append(verdict)
+    assert verdicts == [A, A, A, A, H] and state.probe_sent_at_s is None
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"hang_after_s": 0}, "hang_after_s must be > 0"),
     ({"idle_probe_after_s": 10, "probe_timeout_s": 10, "hang_after_s": 60}, "judged hung sooner"),

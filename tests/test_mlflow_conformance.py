@@ -251,10 +251,11 @@ def test_a_model_failing_on_input_its_signature_accepts_counts_against_its_revis
     neither ejects the replica."""
     from tests.test_router import ADMIN_TOKEN
 
-    signed, unsigned = servers["behaviours"][1], servers["unsigned"][1]
+    signed, unsigned, iris = servers["behaviours"][1], servers["unsigned"][1], servers["signed"][1]
     thirteen = {"dataframe_split": {"columns": ["x"], "data": [[13.0]]}}  # passes the signature; the model raises
     one_column = {"dataframe_split": {"data": [[1.0]]}}  # no signature: the model raises on a client's mistake
-    for replica, body, fault in ((signed, thirteen, "model"), (unsigned, one_column, None)):
+    missing = {"dataframe_split": {"columns": IRIS_COLUMNS, "data": [[None, 3.5, 1.4, 0.2]]}}  # the client's data
+    for replica, body, fault in ((signed, thirteen, "model"), (unsigned, one_column, None), (iris, missing, None)):
         with make_router(table_for([], [replica.url])) as router:
             answers = [router.post("/serving-endpoints/iris/invocations", json=body, headers=auth(IRIS_TOKEN))
                        for _ in range(6)]

@@ -424,7 +424,7 @@ def test_a_bad_request_in_a_batch_fails_alone_with_its_own_status(iris_model):
     assert [status for status, _ in outcomes] == [200, 400, 200, 400]
     assert outcomes[0][1]["predictions"] + outcomes[2][1]["predictions"] == expected_predictions(iris_model)
     assert "sepal length (cm)" in outcomes[1][1]["message"]  # the column whose value is not a double
-    assert "missing (null/NaN) values in ['sepal length (cm)']" in outcomes[3][1]["message"]
+    assert "missing or infinite (null/NaN/±Infinity) values in ['sepal length (cm)']" in outcomes[3][1]["message"]
     assert [body["error_code"] for _, body in outcomes[1::2]] == ["BAD_REQUEST", "BAD_REQUEST"]
 
 
@@ -548,7 +548,7 @@ def test_every_input_format_predicts_what_the_model_itself_predicts(server, iris
      "Model is missing inputs ['petal width (cm)']"),
     (encode(split([["wide", 3.5, 1.4, 0.2]])), "application/json", 400,
      "Failed to convert column sepal length (cm) to type 'float64'"),
-    (encode(split([[5.1, None, 1.4, 0.2]])), "application/json", 400, "missing (null/NaN) values in ['sepal width"),
+    (encode(split([[5.1, None, 1.4, 0.2]])), "application/json", 400, "missing or infinite (null/NaN/±Infinity) values in ['sepal width"),
     (b"a,b\n1,2\n", "text/csv", 400, "Model is missing inputs"),
     (b'{"inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}", "application/json", 400, "nested more than 32 levels"),
 ])
@@ -616,6 +616,12 @@ def test_the_probe_request_is_answered_200(server, iris_dir, tmp_path):
     for probe in (from_example, from_signature):
         response = httpx.post(f"{server.url}{probe.path}", json=probe.json)
         assert response.status_code == 200 and len(response.json()["predictions"]) == 1
+    import yaml
+
+    mlmodel = yaml.safe_load((iris_dir / "MLmodel").read_text())
+    mlmodel.pop("signature")
+    (tmp_path / "MLmodel").write_text(yaml.safe_dump(mlmodel))  # neither an example nor a signature
+    assert runtime.probe_request(tmp_path, config) is None  # loaded is ready: nothing says what it takes
 
 
 @pytest.mark.slow

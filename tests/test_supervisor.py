@@ -5,6 +5,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 
 import httpx
 import psutil
@@ -97,6 +98,31 @@ def test_replicas_start_get_ready_restart_after_sigkill_and_stop(running, quick_
     wait_for(lambda: cluster.replicas("svc-r1") == [], 60, "the revision's replicas to go")
     _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=20)
     assert alive == []
+
+
+def test_a_model_logged_with_neither_an_example_nor_a_signature_is_ready_once_loaded(supervise, quick_model_dir,
+                                                                                    tmp_path):
+    """Nothing says what it takes, so no warm-up request: loaded (its /health) is ready, and an
+    idle one stays alive with no probe to send (it used to be restarted about once a second)."""
+    import shutil
+
+    import yaml
+
+    bare = shutil.copytree(quick_model_dir, tmp_path / "bare")
+    for name in ("serving_input_example.json", "input_example.json"):
+        (bare / name).unlink(missing_ok=True)
+    mlmodel = yaml.safe_load((bare / "MLmodel").read_text())
+    for key in ("signature", "saved_input_example_info"):
+        mlmodel.pop(key, None)
+    (bare / "MLmodel").write_text(yaml.safe_dump(mlmodel))
+    cluster, supervisor = supervise(SupervisorConfig(restart_backoff_initial_s=0.2, liveness_interval_s=0.2,
+                                                     liveness=QUICK_LIVENESS))
+    cluster.apply(RevisionSpec("bare-r1", "bare", str(bare), "pyfunc", replicas=1))
+    [replica] = wait_for(ready(cluster, "bare-r1", 1), 120, "a ready replica")
+    time.sleep(2 * QUICK_LIVENESS.idle_probe_after_s)  # idle past the point where a probe would be sent
+    [still] = cluster.replicas("bare-r1")
+    assert still.ready and still.restarts == 0
+    assert predict(replica.url).status_code == 200
 
 
 def test_a_stopped_engine_with_work_outstanding_is_found_hung_and_restarted(supervise, quick_model_dir):

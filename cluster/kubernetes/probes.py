@@ -72,13 +72,13 @@ def live(args: argparse.Namespace, now_s: float | None = None) -> int:
             print(f"hung: /metrics unanswered for {config.unanswered_after_s:.0f} s ({exc})")
             return 1
         return 0
-    verdict, state = decide(progress, state, now_s, config)
+    probe = runtime.probe_request(Path(args.model_dir), RuntimeConfig(model_name=args.model_name))
+    verdict, state = decide(progress, state, now_s, config, can_probe=probe is not None)
     write_state(state_path, state, None)
     if verdict is Verdict.HUNG:
         print("hung: work outstanding with no request completing")
         return 1
     if verdict is Verdict.PROBE:
-        probe = runtime.probe_request(Path(args.model_dir), RuntimeConfig(model_name=args.model_name))
         try:  # an unanswered probe shows as no completion at the next look
             _post(f"{base}{probe.path}", probe.json, args.probe_timeout_s)
         except (OSError, urllib.error.URLError):

@@ -294,6 +294,8 @@ class ManagedReplica:
                     return f"exited with code {self._process.returncode} while starting (log: {self._log_path})"
                 try:
                     if http.get(f"{self.url}/health").status_code == 200:
+                        if probe is None:  # nothing says what the model takes: loaded is ready
+                            return None
                         answer = http.post(f"{self.url}{probe.path}", json=probe.json,
                                            timeout=self._config.probe_timeout_s)
                         if answer.is_success:
@@ -323,7 +325,7 @@ class ManagedReplica:
                         return f"hung: /metrics unanswered for {liveness.unanswered_after_s:.0f} s ({exc})"
                     continue
                 unanswered_since_s = None
-                verdict, state = decide(progress, state, now_s, liveness)
+                verdict, state = decide(progress, state, now_s, liveness, can_probe=probe is not None)
                 if verdict is Verdict.HUNG:
                     return "hung: work outstanding with no request completing"
                 if verdict is Verdict.PROBE:

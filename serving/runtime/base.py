@@ -61,6 +61,9 @@ class ReplicaRuntime(Protocol):
 
     def command(self, model_dir: Path, host: str, port: int, config: RuntimeConfig) -> ReplicaLaunch: ...
 
-    def probe_request(self, model_dir: Path, config: RuntimeConfig) -> ProbeRequest: ...
+    def probe_request(self, model_dir: Path, config: RuntimeConfig) -> ProbeRequest | None:
+        """A request the model answers (warm-up, liveness); None when nothing says what it takes
+        (a model logged with neither an input example nor a signature): it is then ready once its
+        ``/health`` says the model is loaded, and an idle one is alive while ``/metrics`` answers."""
 
     def progress(self, metrics_text: str) -> Progress: ...

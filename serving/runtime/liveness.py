@@ -84,8 +84,13 @@ class LivenessState:
 
 
 def decide(progress: Progress, state: LivenessState, now_s: float,
-           config: LivenessConfig) -> tuple[Verdict, LivenessState]:
-    """The verdict for one look at the replica's counters, and the state for the next look."""
+           config: LivenessConfig, can_probe: bool = True) -> tuple[Verdict, LivenessState]:
+    """The verdict for one look at the replica's counters, and the state for the next look.
+
+    ``can_probe=False``: the runtime has no request to probe an idle replica with (a model
+    logged with neither an input example nor a signature); an idle replica whose counters
+    answer is then alive, and only busy-without-progress is a hang.
+    """
     busy = progress.in_flight > 0 or progress.queued > 0
     if state.completed_total is None or progress.completed_total != state.completed_total:
         # First look, a completion, or a counter that went down (the process restarted):
@@ -106,6 +111,7 @@ def decide(progress: Progress, state: LivenessState, now_s: float,
         return Verdict.HUNG, state
     if busy_since_s is not None and now_s - max(state.progressed_at_s, busy_since_s) >= config.hang_after_s:
         return Verdict.HUNG, state
-    if not busy and state.probe_sent_at_s is None and now_s - state.progressed_at_s >= config.idle_probe_after_s:
+    if can_probe and not busy and state.probe_sent_at_s is None and \
+            now_s - state.progressed_at_s >= config.idle_probe_after_s:
         return Verdict.PROBE, replace(state, probe_sent_at_s=now_s)
     return Verdict.ALIVE, state

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from io import BytesIO, StringIO
 from pathlib import Path
 from typing import Any
@@ -107,13 +108,24 @@ def slice_rows(raw: Any, start: int, stop: int, total_rows: int) -> Any:
 
 
 def missing_value_columns(data: Any) -> list[str]:
-    """Columns (or '<input>') holding null/NaN values, to tell bad input from a model bug."""
+    """Columns (or '<input>') holding null, NaN or ±inf values: a model that fails on those
+    failed on the client's data, not on a bug of its own.
+
+    >>> missing_value_columns(pd.DataFrame({"a": [1.0, float("inf")], "b": [1.0, 2.0], "c": ["x", None]}))
+    ['a', 'c']
+    >>> missing_value_columns([[1.0, float("nan")]]), missing_value_columns({"x": [1, 2]})
+    (['<input>'], [])
+    """
+    def unusable(values: Any) -> bool:
+        array = np.asarray(values, dtype=object)
+        return bool(pd.isna(array).any() or any(isinstance(v, float) and math.isinf(v) for v in array.ravel()))
+
     try:
         if isinstance(data, pd.DataFrame):
-            return [str(c) for c in data.columns[data.isna().any().to_numpy()]]
+            return [str(c) for c in data.columns if unusable(data[c].to_numpy())]
         if isinstance(data, dict):
-            return [str(k) for k, v in data.items() if pd.isna(np.asarray(v, dtype=object)).any()]
-        return ["<input>"] if pd.isna(np.asarray(data, dtype=object)).any() else []
+            return [str(k) for k, v in data.items() if unusable(v)]
+        return ["<input>"] if unusable(data) else []
     except Exception:  # noqa: BLE001 - ragged or exotic input: no evidence of missing values
         return []
 
@@ -225,11 +237,12 @@ class PyfuncPredictor:
         except Exception as exc:  # noqa: BLE001 - MLflow's server: the input was not one the model takes
             logger.debug("predict raised on a request", exc_info=True)
             missing = missing_value_columns(data)
-            hint = (f"It holds missing (null/NaN) values in {missing}; send a value for every field. " if missing
-                    else "")
+            hint = (f"It holds missing or infinite (null/NaN/±Infinity) values in {missing}; send a finite value for "
+                    f"every field. " if missing else "")
             # with a signature the input passed, the model failed on what it declared it takes:
             # the version's fault, counted for its canary and bake (serving.blame), not the replica's
-            signed = self.input_schema is not None and item.input_key != LLM_INPUT
+            # (missing or infinite values are the client's data, whatever the signature allows)
+            signed = self.input_schema is not None and item.input_key != LLM_INPUT and not missing
             return error_outcome(400, "Encountered an unexpected error while evaluating the model. Verify that the "
                                       f"input is compatible with the model for inference. {hint}"
                                       f"The model raised {type(exc).__name__}: {exc}", BAD_REQUEST, model_fault=signed)

@@ -44,12 +44,14 @@ class PyfuncRuntime:
         python_path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
         return ReplicaLaunch(argv=argv, env={**thread_env(cpus, config.workers), "PYTHONPATH": python_path})
 
-    def probe_request(self, model_dir: Path, config: RuntimeConfig) -> ProbeRequest:
-        """One row from the logged serving input example, else one placeholder row from the signature."""
+    def probe_request(self, model_dir: Path, config: RuntimeConfig) -> ProbeRequest | None:
+        """One row from the logged serving input example, else one placeholder row from the
+        signature, else None (a model logged with neither: what it takes is unknown)."""
         example = Path(model_dir) / SERVING_INPUT_EXAMPLE
         if example.is_file():
             return ProbeRequest("/invocations", first_row_of(json.loads(example.read_text())))
-        return ProbeRequest("/invocations", request_from_signature(read_signature_inputs(Path(model_dir))))
+        specs = signature_inputs(Path(model_dir))
+        return ProbeRequest("/invocations", request_from_signature(specs)) if specs else None
 
     def progress(self, metrics_text: str) -> Progress:
         """Sums the samples by name, so it reads both a single process's and a merged multiprocess scrape."""
@@ -78,13 +80,12 @@ def first_row_of(payload: dict) -> dict:
     return trimmed
 
 
-def read_signature_inputs(model_dir: Path) -> list[dict]:
-    """The ``signature.inputs`` column specs of an MLmodel file; ValueError when there are none."""
+def signature_inputs(model_dir: Path) -> list[dict]:
+    """The ``signature.inputs`` column specs of an MLmodel file; [] when it has no signature."""
     mlmodel = yaml.safe_load((model_dir / "MLmodel").read_text())
     inputs = (mlmodel.get("signature") or {}).get("inputs")
     if not inputs:
-        raise ValueError(f"{model_dir} has neither {SERVING_INPUT_EXAMPLE} nor a signature: log the model with an "
-                         f"input_example or a signature so that modelplane can probe it")
+        return []
     return json.loads(inputs) if isinstance(inputs, str) else inputs
 
 
