@@ -203,3 +203,19 @@ def quick_model_dir(tmp_path_factory) -> Path:
     from demo.service_time_model import save_service_time_model
 
     return save_service_time_model(tmp_path_factory.mktemp("quick-model") / "model", 1.0)
+
+
+def copy_without_example_or_signature(model_dir: Path, dest: Path) -> Path:
+    """A copy of an MLflow model as if logged with neither an input example nor a signature."""
+    import shutil
+
+    import yaml
+
+    copy = Path(shutil.copytree(model_dir, dest))
+    for name in ("serving_input_example.json", "input_example.json"):
+        (copy / name).unlink(missing_ok=True)
+    mlmodel = yaml.safe_load((copy / "MLmodel").read_text())
+    for key in ("signature", "saved_input_example_info"):
+        mlmodel.pop(key, None)
+    (copy / "MLmodel").write_text(yaml.safe_dump(mlmodel))
+    return copy

@@ -110,17 +110,10 @@ def test_a_second_version_reuses_the_environment_layer_and_the_trace_and_only_bu
 def test_a_model_with_neither_an_example_nor_a_signature_is_traced_until_it_is_loaded(
         built, embedded_registry, iris, images_root, tmp_path):
     """Nothing says what it takes, so no warm-up request: the trace ends once the replica is healthy."""
-    import yaml
-
     from images.serving_image import build_serving_image
+    from tests.conftest import copy_without_example_or_signature
 
-    model = shutil.copytree(iris[1], tmp_path / "model-bare")
-    for name in ("serving_input_example.json", "input_example.json"):
-        (model / name).unlink(missing_ok=True)
-    mlmodel = yaml.safe_load((model / "MLmodel").read_text())
-    for key in ("signature", "saved_input_example_info"):
-        mlmodel.pop(key, None)
-    (model / "MLmodel").write_text(yaml.safe_dump(mlmodel))
+    model = copy_without_example_or_signature(iris[1], tmp_path / "model-bare")
     with HttpRegistry(embedded_registry.url) as registry:
         _, facts = build_serving_image(registry, "modelplane/iris", "bare-pyfunc", model, "pyfunc", {},
                                        images_root / "builds" / "bare", images_root / "cache")

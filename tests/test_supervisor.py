@@ -104,17 +104,9 @@ def test_a_model_logged_with_neither_an_example_nor_a_signature_is_ready_once_lo
                                                                                     tmp_path):
     """Nothing says what it takes, so no warm-up request: loaded (its /health) is ready, and an
     idle one stays alive with no probe to send (it used to be restarted about once a second)."""
-    import shutil
+    from tests.conftest import copy_without_example_or_signature
 
-    import yaml
-
-    bare = shutil.copytree(quick_model_dir, tmp_path / "bare")
-    for name in ("serving_input_example.json", "input_example.json"):
-        (bare / name).unlink(missing_ok=True)
-    mlmodel = yaml.safe_load((bare / "MLmodel").read_text())
-    for key in ("signature", "saved_input_example_info"):
-        mlmodel.pop(key, None)
-    (bare / "MLmodel").write_text(yaml.safe_dump(mlmodel))
+    bare = copy_without_example_or_signature(quick_model_dir, tmp_path / "bare")
     cluster, supervisor = supervise(SupervisorConfig(restart_backoff_initial_s=0.2, liveness_interval_s=0.2,
                                                      liveness=QUICK_LIVENESS))
     cluster.apply(RevisionSpec("bare-r1", "bare", str(bare), "pyfunc", replicas=1))
