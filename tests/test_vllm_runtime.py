@@ -582,3 +582,85 @@ def test_thread_binding_follows_its_environment_variable_and_refuses_nonsense(ti
     monkeypatch.setenv("MODELPLANE_VLLM_BIND_THREADS", "sometimes")
     with pytest.raises(ValueError, match="MODELPLANE_VLLM_BIND_THREADS must be true or false"):
         VllmSettings()
+
+
+# ---- the OpenAI protocol through the router, as plain vLLM speaks it --------------------------
+
+def _user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+# (API, arguments): good and bad requests a client of the OpenAI API sends
+OPENAI_CASES = [
+    ("chat", {"messages": _user("Hi"), "max_tokens": 4}),
+    ("chat", {"messages": _user("Hi"), "max_tokens": 4, "n": 2}),
+    ("chat", {"messages": _user("Hi"), "max_tokens": 4, "stop": ["."]}),
+    ("chat", {"messages": _user("Hi"), "max_tokens": 4, "seed": 7, "temperature": 0.8}),
+    ("chat", {"messages": _user("Hi"), "max_tokens": 4, "logprobs": True, "top_logprobs": 2}),
+    ("chat", {"messages": _user("Hi"), "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True}}),
+    ("chat", {"messages": _user("Hi"), "max_tokens": 10**6}),
+    ("chat", {"messages": _user("Hi"), "max_tokens": 0}),
+    ("chat", {"messages": _user("Hi"), "max_tokens": -1}),
+    ("chat", {"messages": [{"role": "robot", "content": "Hi"}], "max_tokens": 4}),
+    ("chat", {"messages": [], "max_tokens": 4}),
+    ("chat", {"messages": _user("Hi"), "max_tokens": 4, "temperature": -1}),
+    ("chat", {"messages": _user("Hi"), "max_tokens": 4, "top_p": 2}),
+    ("chat", {"messages": _user("Hi"), "max_tokens": 4, "extra_body": {"no_such_param": 1}}),
+    ("chat", {"messages": _user("Hi"), "max_tokens": 4, "logprobs": True, "top_logprobs": 21}),
+    ("chat", {"messages": _user("Hi"), "max_tokens": 4, "model": "nope"}),
+    ("completion", {"prompt": "Hi", "max_tokens": 4}),
+    ("completion", {"prompt": "Hi", "max_tokens": 4, "logprobs": 2}),
+    ("completion", {"prompt": "Hi", "max_tokens": 4, "echo": True}),
+    ("completion", {"prompt": "Hi", "max_tokens": 4, "n": 2}),
+    ("completion", {"prompt": "Hi", "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True}}),
+    ("completion", {"prompt": "Hi", "max_tokens": 10**6}),
+    ("completion", {"prompt": ["a", "b"], "max_tokens": 4}),
+    ("completion", {"prompt": "Hi", "max_tokens": 4, "logprobs": 21}),
+    ("completion", {"prompt": "Hi", "max_tokens": 4, "model": "nope"}),
+]
+
+
+def _openai_answer(client, api: str, arguments: dict) -> tuple:
+    """What a client of the SDK tells apart: the answer's kind and shape, or the exception's class,
+    status and error keys."""
+    import openai
+
+    arguments = {"model": "tiny", **arguments}
+    create = client.chat.completions.create if api == "chat" else client.completions.create
+    try:
+        answer = create(**arguments)
+        if arguments.get("stream"):
+            chunks = list(answer)
+            return "stream", chunks[-1].usage is not None, {len(c.choices) for c in chunks[:-1]}
+        # (not the text, nor where sampling stopped: the same request samples anew on each server)
+        return type(answer).__name__, len(answer.choices), answer.usage is not None
+    except openai.APIStatusError as error:
+        keys = sorted(error.body) if isinstance(error.body, dict) else type(error.body).__name__
+        return type(error).__name__, error.status_code, keys
+
+
+@pytest.mark.slow
+def test_live_the_openai_sdk_sees_the_router_as_it_sees_plain_vllm(live_server):
+    """The same requests through the official SDK, to plain vLLM and to the router in front of it:
+    the same answers' shapes, the same exception classes, statuses and error keys."""
+    import openai
+    from starlette.testclient import TestClient
+
+    from controlplane.tokens import Grant, token_sha256
+    from serving.router.app import create_app
+    from serving.router.config import RouterConfig
+    from serving.router.table import build_table
+    from serving.runtime.model_layout import locate
+
+    table = build_table(["tiny"], {"tiny": "tiny-r1"}, {"tiny-r1": "vllm"}, {"tiny-r1": [live_server["base"]]}, set(),
+                        {token_sha256("mp_admin"): Grant("a", frozenset(), True)},
+                        contexts={"tiny-r1": locate(live_server["model_dir"]).context_tokens})
+    plain = openai_client(live_server["base"])
+    with TestClient(create_app(RouterConfig(), lambda: table)) as http:
+        routed = openai.OpenAI(base_url="http://testserver/v1", api_key="mp_admin", http_client=http, max_retries=0)
+        differences = []
+        for api, arguments in OPENAI_CASES:
+            expected, seen = _openai_answer(plain, api, arguments), _openai_answer(routed, api, arguments)
+            if seen != expected:
+                differences.append((api, arguments, expected, seen))
+    assert differences == [], "\n".join(map(str, differences))
