@@ -312,6 +312,42 @@ def test_the_supervisor_keeps_its_replicas_running_through_a_cut_and_reconciles_
         thread.join(60)
 
 
+@pytest.mark.slow
+def test_a_replica_stopped_while_the_database_is_cut_stops_without_waiting_on_it(gated, tmp_path, quick_model_dir):
+    """Its "stopping" cannot be recorded, so no router could learn it either: the process goes
+    within router_wait_s and the grace (it used to wait out 60 s of write retries first)."""
+    import psutil
+
+    from cluster.local.backend import LocalCluster
+    from cluster.local.supervisor import Supervisor, SupervisorConfig
+    from cluster.protocol import RevisionSpec
+    from tests.test_supervisor import ready
+
+    gate, engine, direct = gated
+    config = SupervisorConfig(restart_backoff_initial_s=0.2, router_wait_s=2.0, stop_grace_s=5.0)
+    supervisor = Supervisor(engine, tmp_path / "logs", config)
+    stop = threading.Event()
+    thread = threading.Thread(target=supervisor.run, args=(stop,), daemon=True)
+    thread.start()
+    stopping = None
+    try:
+        LocalCluster(direct).apply(RevisionSpec("svc-r1", "svc", str(quick_model_dir), "pyfunc", replicas=1))
+        [replica] = wait_for(ready(LocalCluster(direct), "svc-r1", 1), 120, "a ready replica")
+        managed = supervisor.replicas[replica.replica_id]
+        process = psutil.Process(managed._process.pid)
+        gate.cut()
+        stopping = threading.Thread(target=managed.stop, daemon=True)
+        stopping.start()
+        wait_for(lambda: not process.is_running() or process.status() == psutil.STATUS_ZOMBIE,
+                 config.router_wait_s + config.stop_grace_s + 5, "the replica's process to go during the cut")
+    finally:
+        gate.restore()
+        if stopping is not None:
+            stopping.join(90)
+        stop.set()
+        thread.join(60)
+
+
 # -- the autoscaler -------------------------------------------------------------------------
 def test_a_tick_that_cannot_read_the_database_orders_nothing_and_keeps_the_history():
     """``python -m autoscale.controller`` logs a failed tick and ticks again a second later; the

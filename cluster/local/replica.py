@@ -149,11 +149,13 @@ class ManagedReplica:
             self._stop.set()
             process = self._process
         stopping_since = utc_now()
-        self._write("stopping", None)  # out of the router's table before the process goes
+        # out of the routers' table before the process goes; a database that cannot take the
+        # write within router_wait_s cannot tell the routers either, so the stop goes on
+        recorded = self._write("stopping", None, retry_s=self._config.router_wait_s)
         if process is not None:
             # every live router drops it first (a request it still sends is not refused at the socket)
             deadline = time.monotonic() + self._config.router_wait_s
-            while RouterStore(self._engine).lagging(stopping_since) and time.monotonic() < deadline:
+            while recorded and time.monotonic() < deadline and self._routers_lag(stopping_since):
                 time.sleep(0.1)
             kill_group(process, self._config.stop_grace_s)
         self._thread.join(timeout=self._config.stop_grace_s + 15)
@@ -339,16 +341,27 @@ class ManagedReplica:
         except httpx.HTTPError:
             pass  # no completion shows up in /metrics, and liveness sees that
 
-    def _write(self, state: str, error: str | None) -> None:
-        """Record the replica's state, retrying through a locked database for ``write_retry_s``."""
-        deadline = time.monotonic() + self._config.write_retry_s
+    def _routers_lag(self, since) -> bool:
+        """Whether a live router may still hold the table from before ``since``; False when the
+        database cannot say (its routers cannot read it either)."""
+        try:
+            return RouterStore(self._engine).lagging(since)
+        except OperationalError:
+            log.warning("replica %s: database unreachable; not waiting for the routers", self.replica_id)
+            return False
+
+    def _write(self, state: str, error: str | None, retry_s: float | None = None) -> bool:
+        """Record the replica's state, retrying through a locked database for ``retry_s`` (default
+        ``write_retry_s``); whether it was recorded."""
+        deadline = time.monotonic() + (self._config.write_retry_s if retry_s is None else retry_s)
         while True:
             try:
-                return self._write_once(state, error)
+                self._write_once(state, error)
+                return True
             except OperationalError:
                 if time.monotonic() >= deadline:
                     log.exception("replica %s: could not record state %s", self.replica_id, state)
-                    return
+                    return False
                 log.warning("replica %s: database busy recording state %s; retrying", self.replica_id, state)
                 time.sleep(0.5)
 
