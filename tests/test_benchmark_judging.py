@@ -62,3 +62,17 @@ def test_pyfunc_comparison_gives_the_best_and_the_ratio_at_every_common_concurre
     result = compare(ours, anchor, "throughput_rps")
     assert result["ratio_at_equal_concurrency"] == {"1": 2.0, "2": 2.0}
     assert result["ratio_best"] == (4.0 if expected else 0.0)
+
+
+def test_pyfunc_goal_counts_every_repeat_load_and_level():
+    from benchmarks.pyfunc_vs_mlflow import shortfalls, summarise
+
+    ours = [{"concurrency": c, "throughput_rps": 400.0 * c, "p99_ms": 10.0, "errors": 0} for c in (1, 2)]
+    anchor = [{"concurrency": c, "throughput_rps": 100.0 * c, "p99_ms": 10.0, "errors": 0} for c in (1, 2)]
+    slow_at_one = [dict(ours[0], throughput_rps=250.0), ours[1]]
+    good = {"uniform": compare(ours, anchor, "throughput_rps"), "mixed": compare(ours, anchor, "throughput_rps")}
+    assert shortfalls([good] * 3) == []
+    one_bad_repeat = [good, {**good, "mixed": compare(slow_at_one, anchor, "throughput_rps")}, good]
+    assert shortfalls(one_bad_repeat) == ["repeat 2 mixed: 2.5x at concurrency 1"]
+    spread_at_one = summarise(one_bad_repeat)["mixed"]["ratio_at_equal_concurrency"]["1"]
+    assert (spread_at_one["min"], spread_at_one["median"], spread_at_one["max"]) == (2.5, 4.0, 4.0)
