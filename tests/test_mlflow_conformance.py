@@ -20,7 +20,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -30,7 +29,7 @@ import pandas as pd
 import pytest
 
 from serving.runtime.base import RuntimeConfig
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 from tests.test_pyfunc_server import ServerProcess
 from tests.test_router import IRIS_TOKEN, auth, make_router, table_for
 
@@ -89,16 +88,14 @@ class MlflowServe:
         self.log_path = log_path
 
     def wait_healthy(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def up() -> bool:
             assert self.process.poll() is None, self.log_path.read_text()[-3000:]
             try:
-                if httpx.get(f"{self.url}/ping", timeout=2).status_code == 200:
-                    return
+                return httpx.get(f"{self.url}/ping", timeout=2).status_code == 200
             except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"mlflow models serve not up after {timeout_s} s: {self.log_path.read_text()[-3000:]}")
+                return False
+
+        wait_for(up, timeout_s, "mlflow models serve to answer /ping")
 
     def stop(self) -> None:
         os.killpg(self.process.pid, signal.SIGTERM)  # the CLI and the uvicorn it started

@@ -10,8 +10,9 @@ import json
 from dataclasses import dataclass, field
 
 from controlplane.tokens import Grant, token_sha256
+from serving.media_types import JSON_TYPE
 from serving.router.errors import RouterError
-from serving.router.limits import JSON_TYPE, RequestLimits, check_llm_fields, parse_json_object
+from serving.router.limits import RequestLimits, check_llm_fields, parse_json_object
 from serving.router.table import EndpointRoute, RoutingTable
 
 __all__ = ["RouterError", "Upstream", "authenticate", "authorize", "authorize_admin", "for_invocations", "for_openai",

@@ -24,6 +24,7 @@ import json
 from dataclasses import dataclass
 
 from serving.json_nesting import walk
+from serving.media_types import JSON_TYPE, TABULAR_TYPES
 from serving.router.errors import RouterError
 
 
@@ -45,11 +46,6 @@ STRIPPED_FIELDS = ("priority",)
 
 class NonFinite(str):
     """What ``NaN``, ``Infinity`` and ``-Infinity`` parse to where they are not allowed."""
-
-
-JSON_TYPE = "application/json"
-# What MLflow's scoring server reads besides JSON: a classic model's /invocations may send these.
-TABULAR_TYPES = ("text/csv", "application/vnd.apache.parquet")
 
 
 def check_content_type(value: str | None) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 import msgspec
 
 from serving.json_nesting import depth
+from serving.media_types import CSV_TYPE, JSON_TYPE, PARQUET_TYPE
 from serving.runtime.pyfunc.responses import BAD_REQUEST, INVALID_PARAMETER_VALUE
 
 DF_SPLIT = "dataframe_split"
@@ -39,7 +40,6 @@ PARAMS_KEY = "params"
 LLM_KEYS = ("messages", "prompt", "input")  # MLflow's SUPPORTED_LLM_FORMATS: chat, completions, embeddings
 LLM_INPUT = "llm"  # Invocation.input_key of a unified LLM request: the whole object is the input
 CSV, PARQUET = "csv", "parquet"  # Invocation.input_key of a CSV or Parquet body (the raw bytes)
-JSON_TYPE, CSV_TYPE, PARQUET_TYPE = "application/json", "text/csv", "application/vnd.apache.parquet"
 BODY_FORMATS = {JSON_TYPE: "json", CSV_TYPE: CSV, PARQUET_TYPE: PARQUET}
 
 _EXAMPLE = '{"dataframe_split": {"columns": ["x"], "data": [[1.0]]}}'
