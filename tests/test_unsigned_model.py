@@ -50,3 +50,18 @@ def test_a_model_logged_with_neither_a_signature_nor_an_example_deploys_unmeasur
         assert wrong.status_code == 400 and "x-modelplane-fault" not in wrong.headers  # no signature: no blame
     finally:
         deployment.close()
+
+
+def test_the_spec_can_name_the_example_the_cost_sweep_sends(tmp_path):
+    """cost_model.example takes the place of the input example the model was logged without."""
+    deployment = Deployment(tmp_path)
+    try:
+        deployment.specs.put(parse_spec(SPEC + "cost_model: {example: {inputs: [[5.1, 3.5]]}, concurrency: [1, 2], "
+                                               "requests_per_point: 4, max_point_s: 2}\n"))
+        result = deployment.deploy(log_plain_model(deployment), model="plain")
+        assert result.success, [e.message for e in result.all_events if e.is_failure]
+        measured = result.output_for_node("cost_model")
+        assert measured["cost_model"] is not None and measured["target_concurrency"] in (1, 2)
+        assert "measured" not in result.asset_materializations_for_node("cost_model")[0].metadata
+    finally:
+        deployment.close()
