@@ -19,7 +19,7 @@ up: setup
 
 # The suite, its modules on parallel workers (tests/run.sh, docs/testing.md), then the fault table
 # alone (its faults are judged against deadlines, so nothing else runs beside it); each part ends
-# with its 25 slowest tests and its total. The platforms both start share one environment-layer
+# with its 25 slowest tests, its 15 longest modules and its total. The platforms both start share one environment-layer
 # cache for the run (MODELPLANE_LAYER_CACHE_DIR), so each environment's image layer is built once,
 # and the suite's platforms one directory of eval-gate results (MODELPLANE_EVAL_RESULTS_DIR), so
 # a checkpoint two of them deploy is evaluated once.

@@ -219,3 +219,22 @@ def copy_without_example_or_signature(model_dir: Path, dest: Path) -> Path:
         mlmodel.pop(key, None)
     (copy / "MLmodel").write_text(yaml.safe_dump(mlmodel))
     return copy
+
+
+# Each phase's (nodeid, worker, start, stop), gathered on the controller, for the modules'
+# spans printed at the end of the run (tests/module_spans.py).
+PHASES: list[tuple[str, str, float, float]] = []
+
+
+def pytest_runtest_logreport(report):
+    node = getattr(report, "node", None)  # pytest-xdist's worker, on the controller
+    worker = node.gateway.id if node is not None else os.environ.get("PYTEST_XDIST_WORKER", "main")
+    PHASES.append((report.nodeid, worker, report.start, report.stop))
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests.module_spans import summary
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        for line in summary(PHASES):
+            terminalreporter.write_line(line)
