@@ -260,3 +260,34 @@ def test_with_a_cost_model_requests_are_priced_in_model_units_and_answers_checke
     assert 'modelplane_router_cost_checked_requests_total{endpoint="gec"} 1.0' in metrics
     # predicted with the reported output: 0.5 × 100 + 20 × 3 + 30 = 140 ms
     assert 'modelplane_router_cost_predicted_seconds_total{endpoint="gec"} 0.14' in metrics
+
+
+def test_the_periodic_refresh_and_unknown_tokens_rereads_never_read_the_table_at_once(replicas):
+    """Made-up tokens arriving while the periodic refresh runs join the read under way or wait
+    for the next: reads never overlap, and there are no more than the two kinds' spacing allows."""
+    import concurrent.futures
+    import threading
+
+    table = table_for([replicas["gec-0"].url], [replicas["iris-0"].url])
+    reads: list[tuple[float, float]] = []
+    lock = threading.Lock()
+
+    def load_table():  # a slow read: 0.1 s of the database's time
+        started = time.monotonic()
+        time.sleep(0.1)
+        with lock:
+            reads.append((started, time.monotonic()))
+        return table
+
+    config = RouterConfig(refresh_interval_s=0.3, unknown_token_reread_s=0.3)
+    with TestClient(create_app(config, load_table)) as client:
+        started = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            statuses = set(pool.map(lambda i: client.get("/v1/models", headers=auth(f"mp_w_{i}")).status_code,
+                                    range(160)))
+        took_s = time.monotonic() - started
+    assert statuses == {401}
+    during = sorted(r for r in reads if r[0] >= started)
+    overlaps = [(a, b) for a, b in zip(during, during[1:]) if b[0] < a[1]]
+    assert not overlaps, overlaps
+    assert len(during) <= 2 + took_s / 0.3, (len(during), took_s)

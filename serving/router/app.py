@@ -45,7 +45,7 @@ from serving.router.recorder import Recorder
 from serving.router.signals import InFlightWindow
 from serving.router.table import EndpointRoute, RoutingTable
 from serving.router.tracing import Tracer
-from serving.router.unknown_tokens import UnknownTokens
+from serving.router.unknown_tokens import UnknownTokens, read_since
 
 log = logging.getLogger("modelplane.router")
 
@@ -82,12 +82,19 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
     proxy.on_shadow = recorder.shadow
     limits = config.limits()
     # "read_at": when the read that produced the current table began; the table shows the
-    # database as it was at that moment or later.
-    state = {"table": RoutingTable(), "read_at": -1.0, "tried_at": -math.inf}  # tried_at: when the last read began
+    # database as it was at that moment or later. "tried_at": when the last read began.
+    state = {"table": RoutingTable(), "read_at": -1.0, "tried_at": -math.inf, "reading": None}
     reload_lock = asyncio.Lock()
     unknown_tokens = UnknownTokens()
 
     async def refresh() -> None:
+        """Read the table, or join the read under way: two reads never run at once."""
+        reading = state["reading"]
+        if reading is None or reading.done():
+            reading = state["reading"] = asyncio.ensure_future(read())
+        await asyncio.shield(reading)
+
+    async def read() -> None:
         started, began_at = time.monotonic(), datetime.now(timezone.utc)
         state["tried_at"] = started
         table = await asyncio.to_thread(load_table)
@@ -145,15 +152,11 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
             if exc.status != 401 or key is None or key in unknown_tokens:
                 raise
             async with reload_lock:
-                wait_s = state["tried_at"] + config.unknown_token_reread_s - time.monotonic()
-                if state["read_at"] < arrived and wait_s > 0:
-                    await asyncio.sleep(wait_s)
-                if state["read_at"] < arrived:
-                    try:
-                        await refresh()
-                    except Exception:  # noqa: BLE001 - the database being down is no reason to 500
-                        log.exception("reloading the routing table for an unknown token failed")
-                        raise exc from None
+                try:
+                    await read_since(arrived, state, refresh, config.unknown_token_reread_s)
+                except Exception:  # noqa: BLE001 - the database being down is no reason to 500
+                    log.exception("reloading the routing table for an unknown token failed")
+                    raise exc from None
             try:
                 return admission.authenticate(authorization, state["table"])
             except RouterError:

@@ -20,9 +20,10 @@ False
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 MAX_ENTRIES = 65_536
 TTL_S = 60.0
@@ -48,3 +49,17 @@ class UnknownTokens:
             del self._seen[token_key]
             return False
         return True
+
+
+async def read_since(arrived: float, state: dict, refresh: Callable[[], Awaitable[None]], reread_s: float,
+                     clock: Callable[[], float] = time.monotonic) -> None:
+    """Until a read of the table that began at or after ``arrived`` has ended: the router's
+    ``state`` holds ``read_at`` (when the table in use was read) and ``tried_at`` (when the
+    last read began). A read begins at most ``reread_s`` after the last one began, and
+    ``refresh`` joins a read under way instead of starting a second; its errors propagate."""
+    while state["read_at"] < arrived:
+        wait_s = state["tried_at"] + reread_s - clock()
+        if state["tried_at"] < arrived and wait_s > 0:
+            await asyncio.sleep(wait_s)
+            continue
+        await refresh()
