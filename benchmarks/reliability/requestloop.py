@@ -10,7 +10,8 @@ to ``--out`` (``outcomes.Record``), flushed at once, so that what was counted su
 process being killed. A request with no answer after ``deadline-s`` is ``lost``. With
 ``--retries N`` a client retries a request that got no answer at all (connection refused or
 reset) or a 502/503, up to N times, 0.1 s apart: what a client behind a load balancer does.
-On SIGTERM the loop stops sending and waits for the requests in flight (each ends by its
+A header value may hold ``{random}``, replaced by a new random hex string in every request
+(a client that never sends the same unknown token twice). On SIGTERM the loop stops sending and waits for the requests in flight (each ends by its
 deadline), then exits.
 """
 
@@ -21,6 +22,7 @@ import json
 import signal
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -30,8 +32,20 @@ from benchmarks.reliability.outcomes import Record, classify
 RETRIED_STATUSES = (502, 503)
 
 
+def fresh(headers: dict[str, str]) -> dict[str, str]:
+    """``headers`` with each ``{random}`` replaced by a new random hex string.
+
+    >>> one, two = fresh({"Authorization": "Bearer {random}"}), fresh({"Authorization": "Bearer {random}"})
+    >>> one != two and one["Authorization"].startswith("Bearer ") and "{" not in one["Authorization"]
+    True
+    """
+    return {name: value.replace("{random}", uuid.uuid4().hex) if "{random}" in value else value
+            for name, value in headers.items()}
+
+
 def one_request(client: httpx.Client, url: str, body: bytes, headers: dict[str, str], retries: int) -> Record:
     sent_s, started = time.time(), time.monotonic()
+    headers = fresh(headers)
     attempts = 0
     while True:
         attempts += 1
@@ -90,7 +104,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--url", required=True)
     parser.add_argument("--body", required=True, help="the JSON body sent with every request")
     parser.add_argument("--out", required=True, help="JSON lines, one per request")
-    parser.add_argument("--header", action="append", default=[], help="NAME: VALUE (repeatable)")
+    parser.add_argument("--header", action="append", default=[],
+                        help="NAME: VALUE (repeatable; {random}: new in every request)")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--pause-s", type=float, default=0.02, help="each client's pause between requests")
     parser.add_argument("--deadline-s", type=float, default=30.0, help="a request with no answer by then is lost")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from benchmarks.reliability import faults_control, faults_serving
+from benchmarks.reliability import faults_clients, faults_control, faults_serving
 from benchmarks.reliability.bed import FaultBed
 from benchmarks.reliability.outcomes import FaultResult
 
@@ -29,6 +29,7 @@ class Durations:
     long_generation_s: float
     autoscaler_observe_s: float
     mlflow_down_s: float
+    client_flood_s: float  # each of a client-fault row's two windows: before the flood, during it
     hang_after_s: float
     unanswered_after_s: float
 
@@ -39,11 +40,11 @@ class Durations:
 
 # The platform's own defaults (60 s, 20 s), with the durations docs/reliability.md quotes.
 FULL = Durations(saturation_s=300.0, long_generation_s=150.0, autoscaler_observe_s=60.0, mlflow_down_s=30.0,
-                 hang_after_s=60.0, unanswered_after_s=20.0)
+                 client_flood_s=60.0, hang_after_s=60.0, unanswered_after_s=20.0)
 # What ``make test`` runs: each property at the shortest duration that still proves it. The
 # liveness bounds are settings; shorter ones prove the same rules in a third of the time.
 QUICK = Durations(saturation_s=60.0, long_generation_s=30.0, autoscaler_observe_s=30.0, mlflow_down_s=15.0,
-                  hang_after_s=20.0, unanswered_after_s=10.0)
+                  client_flood_s=10.0, hang_after_s=20.0, unanswered_after_s=10.0)
 
 
 def bed_faults(durations: Durations) -> list[tuple[str, Callable[[FaultBed], FaultResult]]]:
@@ -54,6 +55,8 @@ def bed_faults(durations: Durations) -> list[tuple[str, Callable[[FaultBed], Fau
         ("sigkill_supervisor", faults_control.sigkill_supervisor),
         ("sigkill_autoscaler", partial(faults_control.sigkill_autoscaler, observe_s=durations.autoscaler_observe_s)),
         ("database_unreachable", faults_control.database_unreachable),
+        ("bad_requests", partial(faults_clients.bad_requests, duration_s=durations.client_flood_s)),
+        ("bad_tokens", partial(faults_clients.bad_tokens, duration_s=durations.client_flood_s)),
         ("rollout", faults_serving.rollout_under_load),
         ("mlflow_down", partial(faults_control.mlflow_down_during_registrations, down_s=durations.mlflow_down_s)),
         ("long_generation", partial(faults_serving.long_generation, target_s=durations.long_generation_s,
