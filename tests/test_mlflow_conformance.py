@@ -261,3 +261,33 @@ def test_a_model_failing_on_input_its_signature_accepts_counts_against_its_revis
         assert {(a.status_code, a.headers.get("x-modelplane-fault")) for a in answers} == {(400, fault)}
         assert (seen["requests"], seen["errors"]) == (6, 6 if fault else 0)
         assert (row["ejected"], row["consecutive_failures"]) == (False, 0)  # 6 answers: 5 failures would eject
+
+
+def test_mlflows_own_scoring_client_gets_the_same_predictions_and_errors_from_the_replica(servers):
+    """`mlflow.pyfunc.scoring_server.client.ScoringServerClient` (``requests`` underneath, the
+    input written by MLflow's ``dump_input_data``), pointed at the anchor and at the replica:
+    the same predictions for DataFrames, records and params, the same failure for a bad column."""
+    from urllib.parse import urlsplit
+
+    from mlflow.pyfunc.scoring_server.client import ScoringServerClient
+
+    def client(server) -> ScoringServerClient:
+        where = urlsplit(server.url)
+        return ScoringServerClient(where.hostname, where.port)
+
+    frame = pd.DataFrame([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]], columns=IRIS_COLUMNS)
+    calls = [("signed", frame, None), ("signed", frame.to_dict(orient="records"), None),
+             ("behaviours", pd.DataFrame({"x": [1.0, 2.0]}), {"k": 3}), ("unsigned", frame.iloc[:, :2].values, None)]
+    for model, data, params in calls:
+        anchor, replica = servers[model]
+        expected = client(anchor).invoke(data, params=params).get_predictions()
+        seen = client(replica).invoke(data, params=params).get_predictions()
+        pd.testing.assert_frame_equal(pd.DataFrame(seen), pd.DataFrame(expected))
+    anchor, replica = servers["signed"]
+    assert client(replica).get_version() == client(anchor).get_version() == mlflow.__version__
+    failures = []
+    for server in (anchor, replica):
+        with pytest.raises(Exception, match="Invocation failed") as raised:
+            client(server).invoke(pd.DataFrame({"no such column": [1.0]}))
+        failures.append(str(raised.value).split("response:")[0])
+    assert failures[0] == failures[1] and "error code 400" in failures[1]

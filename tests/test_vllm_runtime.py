@@ -629,14 +629,22 @@ def _openai_answer(client, api: str, arguments: dict) -> tuple:
     create = client.chat.completions.create if api == "chat" else client.completions.create
     try:
         answer = create(**arguments)
-        if arguments.get("stream"):
-            chunks = list(answer)
-            return "stream", chunks[-1].usage is not None, {len(c.choices) for c in chunks[:-1]}
-        # (not the text, nor where sampling stopped: the same request samples anew on each server)
-        return type(answer).__name__, len(answer.choices), answer.usage is not None
+        return _shape(list(answer) if arguments.get("stream") else answer)
     except openai.APIStatusError as error:
-        keys = sorted(error.body) if isinstance(error.body, dict) else type(error.body).__name__
-        return type(error).__name__, error.status_code, keys
+        return _error_shape(error)
+
+
+def _shape(answer) -> tuple:
+    """An answer's kind and shape (a stream: its chunks, as a list); not the text, nor where
+    sampling stopped: the same request samples anew on each server."""
+    if isinstance(answer, list):
+        return "stream", answer[-1].usage is not None, {len(c.choices) for c in answer[:-1]}
+    return type(answer).__name__, len(answer.choices), answer.usage is not None
+
+
+def _error_shape(error) -> tuple:
+    keys = sorted(error.body) if isinstance(error.body, dict) else type(error.body).__name__
+    return type(error).__name__, error.status_code, keys
 
 
 @pytest.mark.slow
@@ -663,4 +671,56 @@ def test_live_the_openai_sdk_sees_the_router_as_it_sees_plain_vllm(live_server):
             expected, seen = _openai_answer(plain, api, arguments), _openai_answer(routed, api, arguments)
             if seen != expected:
                 differences.append((api, arguments, expected, seen))
+    assert differences == [], "\n".join(map(str, differences))
+
+
+async def _async_openai_answer(client, api: str, arguments: dict) -> tuple:
+    """:func:`_openai_answer` through the SDK's asyncio client."""
+    import openai
+
+    arguments = {"model": "tiny", **arguments}
+    create = client.chat.completions.create if api == "chat" else client.completions.create
+    try:
+        answer = await create(**arguments)
+        return _shape([chunk async for chunk in answer] if arguments.get("stream") else answer)
+    except openai.APIStatusError as error:
+        return _error_shape(error)
+
+
+@pytest.mark.slow
+def test_live_the_async_openai_sdk_sees_the_router_as_it_sees_plain_vllm(live_server):
+    """The same requests through the SDK's asyncio client (``AsyncOpenAI``), to plain vLLM and to
+    the router in front of it (served in this process, its lifespan run): the same answers."""
+    import asyncio
+
+    import httpx
+    import openai
+
+    from controlplane.tokens import Grant, token_sha256
+    from serving.router.app import create_app
+    from serving.router.config import RouterConfig
+    from serving.router.table import build_table
+    from serving.runtime.model_layout import locate
+
+    table = build_table(["tiny"], {"tiny": "tiny-r1"}, {"tiny-r1": "vllm"}, {"tiny-r1": [live_server["base"]]}, set(),
+                        {token_sha256("mp_admin"): Grant("a", frozenset(), True)},
+                        contexts={"tiny-r1": locate(live_server["model_dir"]).context_tokens})
+    app = create_app(RouterConfig(), lambda: table)
+
+    async def compare() -> list:
+        differences = []
+        async with app.router.lifespan_context(app), \
+                httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as routed_http, \
+                httpx.AsyncClient(trust_env=False) as plain_http:
+            plain = openai.AsyncOpenAI(base_url=f"{live_server['base']}/v1", api_key="unused", http_client=plain_http)
+            routed = openai.AsyncOpenAI(base_url="http://router/v1", api_key="mp_admin", http_client=routed_http,
+                                        max_retries=0)
+            for api, arguments in OPENAI_CASES:
+                expected = await _async_openai_answer(plain, api, arguments)
+                seen = await _async_openai_answer(routed, api, arguments)
+                if seen != expected:
+                    differences.append((api, arguments, expected, seen))
+        return differences
+
+    differences = asyncio.run(compare())
     assert differences == [], "\n".join(map(str, differences))
