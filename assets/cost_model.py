@@ -147,8 +147,8 @@ def cost_model(
     backend.apply(revision_spec(bench))
     try:
         if not driver.wait_ready(WaitReady(revision_id, 1)):
-            raise Failure(description=f"the benchmark replica of {model} v{version} never became ready; "
-                                      "see $MODELPLANE_HOME/logs/replicas/")
+            raise Failure(description=f"the benchmark replica of {model} v{version} never became ready: "
+                                      f"{driver.not_ready}", allow_retries=not driver.crash_loop)
         [replica] = [r for r in backend.replicas(revision_id) if r.ready][:1]
         replica_start_s = driver.revisions.get(revision_id).details.get("cold_start_s")  # sizes startup probes
         started = time.monotonic()

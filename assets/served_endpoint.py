@@ -37,7 +37,7 @@ from assets.rollout import (Canary, CanaryPlan, CanaryVerdict, Drain, Retire, Ro
                             Superseded, WaitReady, rollout)
 from assets.source_model import DEPLOY_RETRIES, model_versions
 from cluster.capacity import Capacity, CapacityError, check_min_replicas, model_bytes, replica_memory_bytes
-from cluster.protocol import Cluster
+from cluster.protocol import Cluster, Replica
 from images.ref import ImageRef
 from autoscale.controller.sources import router_loads
 from controlplane.revisions import RevisionStore, TrafficChanged, revision_spec
@@ -77,6 +77,10 @@ class RolloutDriver:
     routers_timeout_s: float = 30.0
     # Runs a canary phase (assets.canary.CanaryPhase); None: a Canary action is refused.
     canary: Callable[[Canary], CanaryVerdict] | None = None
+    # Why the last WaitReady failed, in words, with the replica's own reason where the backend
+    # knows it (Replica.last_error): for the step's failure message.
+    not_ready: str = ""
+    crash_loop: bool = False  # it failed as a replica restarting without ever being ready: retrying repeats it
     _routed_at: datetime | None = None
 
     def run(self, flow: Generator) -> RolloutResult:
@@ -138,11 +142,18 @@ class RolloutDriver:
                 return True
             looping = [r for r in replicas if r.restarts >= CRASH_LOOP_RESTARTS]
             if looping:
-                self.log(f"{action.revision_id}: replica {looping[0].replica_id} restarted {looping[0].restarts} "
-                         "times without becoming ready; see $MODELPLANE_HOME/logs/replicas/")
-                return False
+                self.crash_loop = True
+                return self._not_ready(f"replica {looping[0].replica_id} restarted {looping[0].restarts} times "
+                                       "without becoming ready", looping[0])
             time.sleep(self.poll_s)
-        self.log(f"{action.revision_id}: not ready after {self.wait_ready_timeout_s:.0f} s")
+        failed = [r for r in self.cluster.replicas(action.revision_id) if r.last_error]
+        return self._not_ready(f"not ready after {self.wait_ready_timeout_s:.0f} s", failed[0] if failed else None)
+
+    def _not_ready(self, what: str, replica: Replica | None) -> bool:
+        said = f": {replica.last_error}" if replica is not None and replica.last_error else \
+            " (its log: $MODELPLANE_HOME/logs/replicas/, or the pod's)"
+        self.not_ready = f"{what}{said}"
+        self.log(self.not_ready)
         return False
 
     def _wait_for_routers(self) -> None:
@@ -328,7 +339,8 @@ def served_endpoint(
                 served.append(already)
             continue
         if not result.ok:
-            raise stop(f"{spec.name}: {result.reason}")
+            raise stop(f"{spec.name}: {result.reason}" + (f"; {driver.not_ready}" if driver.not_ready else ""),
+                       allow_retries=not driver.crash_loop)
         served.append({"endpoint": spec.name, "revision": revision.id, "previous_revision": result.previous_revision_id,
                        "runtime": runtime, "replicas": replicas, "checkpoint": checkpoint.label,
                        "target_concurrency": cost_model["target_concurrency"], "time_to_ready_s": round(time.monotonic() - started, 1),

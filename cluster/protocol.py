@@ -39,6 +39,10 @@ class Replica:
     ready: bool  # model loaded and a warm-up request answered
     state: str  # starting | ready | unhealthy | stopped (Kubernetes also: terminating, draining before it stops)
     restarts: int = 0
+    # Why its last life ended or failed to start, as the backend knows it (the local one: the
+    # exit code and the end of the process's output); None when nothing went wrong or the
+    # backend cannot tell (Kubernetes: its EndpointSlices carry no reasons).
+    last_error: str | None = None
 
 
 class Cluster(Protocol):

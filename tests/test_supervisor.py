@@ -334,3 +334,48 @@ def test_an_adoptable_replica_process_names_its_port_or_listens_on_it(tmp_path):
         named.kill(), hidden.kill()
         named.wait(), hidden.wait()
     assert not replica_process(named.pid, port)  # gone
+
+
+def test_a_model_that_cannot_load_fails_the_wait_with_its_own_error_not_a_restart_loop(quick_model_dir, sqlite_url,
+                                                                                       tmp_path):
+    """A deterministic configuration error (here the model's loader module does not exist):
+    the replica exits while starting, its row says why (the end of its output), and a deploy
+    step waiting for it gives up after a few restarts with that reason, not after 15 minutes
+    with "see the logs"; the revision's deletion then ends the restarts."""
+    import shutil
+    from pathlib import Path
+
+    import yaml
+
+    from assets.served_endpoint import RolloutDriver
+    from assets.rollout import WaitReady
+    from controlplane import db
+    from controlplane.revisions import RevisionStore
+
+    broken = Path(shutil.copytree(quick_model_dir, tmp_path / "broken"))
+    mlmodel = yaml.safe_load((broken / "MLmodel").read_text())
+    mlmodel["flavors"]["python_function"]["loader_module"] = "no_such_loader_module"
+    (broken / "MLmodel").write_text(yaml.safe_dump(mlmodel))
+    db.upgrade(sqlite_url)
+    engine = db.make_engine(sqlite_url)
+    supervisor, stop = Supervisor(engine, tmp_path / "logs", SupervisorConfig(restart_backoff_initial_s=0.2)), \
+        threading.Event()
+    thread = threading.Thread(target=supervisor.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        cluster = LocalCluster(engine)
+        cluster.apply(RevisionSpec("bad-r1", "bad", str(broken), "pyfunc", replicas=1))
+        driver = RolloutDriver(cluster, RevisionStore(engine), log=print, wait_ready_timeout_s=300, poll_s=0.2)
+        started = time.monotonic()
+        assert driver.wait_ready(WaitReady("bad-r1", 1)) is False
+        assert time.monotonic() - started < 120 and driver.crash_loop
+        assert "times without becoming ready" in driver.not_ready
+        assert "No module named 'no_such_loader_module'" in driver.not_ready, driver.not_ready
+        [replica] = cluster.replicas("bad-r1")
+        assert "exited with code" in replica.last_error and "no_such_loader_module" in replica.last_error
+        cluster.delete("bad-r1")
+        wait_for(lambda: not supervisor.replicas, 60, "the supervisor to stop restarting it")
+    finally:
+        stop.set()
+        thread.join(60)
+        engine.dispose()

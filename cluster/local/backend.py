@@ -24,7 +24,7 @@ ACTIVE_STATES = ("pending", "ready", "serving", "draining")
 
 def replica_from_row(row: ReplicaRow) -> Replica:
     return Replica(row.id, row.revision_id, f"http://{row.host}:{row.port}", row.state == "ready", row.state,
-                   row.restarts)
+                   row.restarts, row.last_error)
 
 
 class LocalCluster:

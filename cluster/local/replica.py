@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from cluster.local.adoption import AdoptedProcess
 from cluster.local.cold_start import cold_start_split, launch_from_image
+from cluster.local.log_tail import log_size, log_tail
 from cluster.local.warm_pool import PoolKey, WarmPool
 from controlplane.backoff import restart_delay_s
 from controlplane.revisions import ONE_OFF, RevisionStore
@@ -115,6 +116,7 @@ class ManagedReplica:
         self.runtime = runtime
         self._engine = engine
         self._log_path = logs_dir / f"{replica_id}.log"
+        self._life_offset = 0
         self._config = config
         self._stop = threading.Event()
         self._process_lock = threading.Lock()  # stop() and a (re)start never interleave
@@ -215,6 +217,7 @@ class ManagedReplica:
         # a fresh mount's fetches (index, prefetch) are part of this start; a shared one's are not
         fetched_before = self._mounts.fetch_stats(self.image) if self._mounted and not self._mounted.mount_s else {}
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._life_offset = log_size(self._log_path)  # where this life's output begins
         with self._process_lock:
             if self._stop.is_set():
                 return "stopped"
@@ -293,7 +296,9 @@ class ManagedReplica:
         with httpx.Client(timeout=self._config.health_timeout_s, verify=tls_context()) as http:
             while time.monotonic() < deadline and not self._stop.is_set():
                 if self._process.poll() is not None:
-                    return f"exited with code {self._process.returncode} while starting (log: {self._log_path})"
+                    said = log_tail(self._log_path, self._life_offset)
+                    return (f"exited with code {self._process.returncode} while starting"
+                            + (f": {said}" if said else "") + f" (log: {self._log_path})")
                 try:
                     if http.get(f"{self.url}/health").status_code == 200:
                         if probe is None:  # nothing says what the model takes: loaded is ready
@@ -375,4 +380,6 @@ class ManagedReplica:
                 session.add(row)
             row.host, row.port, row.state = self._config.host, self.port, state
             row.pid = None if self._process is None else self._process.pid
-            row.restarts, row.last_error, row.updated_at = self.restarts, error, utc_now()
+            # a restart keeps the reason for it until the replica is ready again
+            kept = row.last_error if state == "starting" and error is None else error
+            row.restarts, row.last_error, row.updated_at = self.restarts, kept, utc_now()
