@@ -44,7 +44,7 @@ FULL = Durations(saturation_s=300.0, long_generation_s=150.0, autoscaler_observe
 # What ``make test`` runs: each property at the shortest duration that still proves it. The
 # liveness bounds are settings; shorter ones prove the same rules in a third of the time.
 QUICK = Durations(saturation_s=60.0, long_generation_s=30.0, autoscaler_observe_s=30.0, mlflow_down_s=15.0,
-                  client_flood_s=10.0, hang_after_s=20.0, unanswered_after_s=10.0)
+                  client_flood_s=15.0, hang_after_s=20.0, unanswered_after_s=10.0)
 
 
 def bed_faults(durations: Durations) -> list[tuple[str, Callable[[FaultBed], FaultResult]]]:
