@@ -150,9 +150,9 @@ class RolloutDriver:
         return self._not_ready(f"not ready after {self.wait_ready_timeout_s:.0f} s", failed[0] if failed else None)
 
     def _not_ready(self, what: str, replica: Replica | None) -> bool:
-        said = f": {replica.last_error}" if replica is not None and replica.last_error else \
-            " (its log: $MODELPLANE_HOME/logs/replicas/, or the pod's)"
-        self.not_ready = f"{what}{said}"
+        reason = replica.last_error if replica is not None else None
+        where = "(its log: $MODELPLANE_HOME/logs/replicas/, or the pod's)"
+        self.not_ready = f"{what}: {reason}" if reason else f"{what} {where}"
         self.log(self.not_ready)
         return False
 

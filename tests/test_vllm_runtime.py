@@ -647,6 +647,16 @@ def _error_shape(error) -> tuple:
     return type(error).__name__, error.status_code, keys
 
 
+def _router_table(live_server):
+    """A router's table with the live engine as endpoint ``tiny`` and ``mp_admin`` an admin token."""
+    from controlplane.tokens import Grant, token_sha256
+    from serving.router.table import build_table
+
+    return build_table(["tiny"], {"tiny": "tiny-r1"}, {"tiny-r1": "vllm"}, {"tiny-r1": [live_server["base"]]}, set(),
+                       {token_sha256("mp_admin"): Grant("a", frozenset(), True)},
+                       contexts={"tiny-r1": locate(live_server["model_dir"]).context_tokens})
+
+
 @pytest.mark.slow
 def test_live_the_openai_sdk_sees_the_router_as_it_sees_plain_vllm(live_server):
     """The same requests through the official SDK, to plain vLLM and to the router in front of it:
@@ -654,15 +664,10 @@ def test_live_the_openai_sdk_sees_the_router_as_it_sees_plain_vllm(live_server):
     import openai
     from starlette.testclient import TestClient
 
-    from controlplane.tokens import Grant, token_sha256
     from serving.router.app import create_app
     from serving.router.config import RouterConfig
-    from serving.router.table import build_table
-    from serving.runtime.model_layout import locate
 
-    table = build_table(["tiny"], {"tiny": "tiny-r1"}, {"tiny-r1": "vllm"}, {"tiny-r1": [live_server["base"]]}, set(),
-                        {token_sha256("mp_admin"): Grant("a", frozenset(), True)},
-                        contexts={"tiny-r1": locate(live_server["model_dir"]).context_tokens})
+    table = _router_table(live_server)
     plain = openai_client(live_server["base"])
     with TestClient(create_app(RouterConfig(), lambda: table)) as http:
         routed = openai.OpenAI(base_url="http://testserver/v1", api_key="mp_admin", http_client=http, max_retries=0)
@@ -696,15 +701,10 @@ def test_live_the_async_openai_sdk_sees_the_router_as_it_sees_plain_vllm(live_se
     import httpx
     import openai
 
-    from controlplane.tokens import Grant, token_sha256
     from serving.router.app import create_app
     from serving.router.config import RouterConfig
-    from serving.router.table import build_table
-    from serving.runtime.model_layout import locate
 
-    table = build_table(["tiny"], {"tiny": "tiny-r1"}, {"tiny-r1": "vllm"}, {"tiny-r1": [live_server["base"]]}, set(),
-                        {token_sha256("mp_admin"): Grant("a", frozenset(), True)},
-                        contexts={"tiny-r1": locate(live_server["model_dir"]).context_tokens})
+    table = _router_table(live_server)
     app = create_app(RouterConfig(), lambda: table)
 
     async def compare() -> list:

@@ -14,14 +14,12 @@ whatever the platform does with their requests (docs/reliability.md gives the fi
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 
-import httpx
 from sqlalchemy import text
 
 from benchmarks.reliability.bed import FaultBed
-from benchmarks.reliability.faults_control import _router_metric_ports
+from benchmarks.reliability.faults_control import routers_total
 from benchmarks.reliability.load import RequestLoop, Target
 from benchmarks.reliability.outcomes import FaultResult, Record, Tally
 from benchmarks.reliability.platform import IRIS_REQUEST
@@ -55,17 +53,12 @@ def p99_s(records: list[Record]) -> float | None:
 
 def _ejections(bed: FaultBed, endpoint: str) -> float:
     """Outlier ejections of ``endpoint``'s replicas so far, summed over the routers."""
-    total = 0.0
-    for port in _router_metric_ports(bed):
-        page = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        total += sum(float(v) for v in re.findall(
-            rf'^modelplane_router_ejections_total{{[^}}]*endpoint="{endpoint}"[^}}]*}} ([0-9.e+]+)$', page, re.M))
-    return total
+    return routers_total(bed, ("modelplane_router_ejections_total",), endpoint=endpoint)
 
 
 def _transactions(bed: FaultBed) -> float:
     """Transactions the platform's database has run so far (PostgreSQL's own count)."""
-    with bed._admin.connect() as connection:
+    with bed.engine.connect() as connection:
         connection.execute(text("SET stats_fetch_consistency = none"))
         return float(connection.execute(text(
             "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = :name"),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import threading
 import time
@@ -21,6 +20,7 @@ from benchmarks.reliability.faults_serving import _loop, _no_failures
 from benchmarks.reliability.load import until
 from benchmarks.reliability.outcomes import FaultResult
 from controlplane.scaling import AUTOSCALER_LEASE, Lease
+from serving.runtime.scrape import samples_named
 
 LOG_LOSS_METRICS = ("modelplane_router_inference_log_failed", "modelplane_router_inference_log_dropped")
 
@@ -102,13 +102,18 @@ def _router_metric_ports(bed: FaultBed) -> list[int]:
     return ports
 
 
-def _log_losses(bed: FaultBed) -> float:
+def routers_total(bed: FaultBed, names: tuple[str, ...], **labels: str) -> float:
+    """The samples named ``names`` (with these ``labels``) summed over every router's own /metrics."""
     total = 0.0
     for port in _router_metric_ports(bed):
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        for name in LOG_LOSS_METRICS:
-            total += sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M))
+        page = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        total += sum(sample.value for sample in samples_named(page, names)
+                     if all(sample.labels.get(name) == value for name, value in labels.items()))
     return total
+
+
+def _log_losses(bed: FaultBed) -> float:
+    return routers_total(bed, LOG_LOSS_METRICS)
 
 
 def database_unreachable(bed: FaultBed, outage_s: float = 10.0) -> FaultResult:
