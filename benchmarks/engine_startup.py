@@ -18,6 +18,9 @@ check, so that one that costs throughput shows:
 - ``mp_executor``: ``VllmSettings(cpu_executor="mp")``, vLLM's CPU default: the model runs in a
   third process, a worker that imports vLLM again, instead of in the engine core (the runtime's
   ``uni`` executor since 2026-12-05, with the OpenMP threads bound through ``OMP_PLACES``);
+- ``spawned_engine_core``: ``VllmSettings(cpu_engine_start="spawn")``, cold: the engine core a new
+  interpreter that imports torch and vLLM again, as vLLM's CPU platform starts it, instead of a
+  fork of the API server (the runtime's default since 2026-12-07);
 
 Figures (2 shared cores, other jobs running, ``--json`` of 2026-12-01, medians of 3 with
 min-max): cold 40.2 s (36.0-68.3) to the first answered inference, warm 29.2 s (27.8-31.4),
@@ -75,6 +78,7 @@ VARIANTS = {
     "ours_warm": Variant(warm=True),
     "warm+kv_cache_1gib": Variant(warm=True, settings={"kv_cache_max_gib": 1}),
     "warm+mp_executor": Variant(warm=True, settings={"cpu_executor": "mp"}),
+    "cold+spawned_engine_core": Variant(warm=False, settings={"cpu_engine_start": "spawn"}),
 }
 PINNED_KV_CACHE_MAX_GIB = 4  # 8 GiB (half of what was free) got a worker killed while other jobs ran
 
@@ -163,7 +167,7 @@ def run_once(name: str, variant: Variant, model_dir: Path, prompts: list[str], l
     probe = runtime.probe_request(model_dir, RuntimeConfig(model_name="gec"))
     log_path = LOG_DIR / f"{name}-{int(time.time())}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    result: dict = {"env": {k: v for k, v in launch.env.items() if k.startswith(("VLLM_", "OMP_"))}}
+    result: dict = {"env": {k: v for k, v in launch.env.items() if k.startswith(("VLLM_", "OMP_", "MODELPLANE_VLLM_"))}}
     pool = None
     try:
         if variant.warm:

