@@ -12,12 +12,14 @@ its exit status is the replica's. :mod:`cluster.local.warm_pool` keeps these per
 What it saves is the replica process's own imports: for vLLM's API server about 11 s here
 (SmolLM2, first answered inference 40.2 s cold → 29.2 s warm, medians of 3 alternating
 repeats; the zygote's own import took 9.6-13.3 s beforehand), for the pyfunc server about 2 s.
-vLLM on CPU starts its engine core (and, with the ``mp`` executor, a worker) with the ``spawn`` method, always
+vLLM on CPU starts its engine core (and, with the ``mp`` executor, a worker) with the ``spawn`` method
 (``vllm/platforms/cpu.py`` sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn``
 whatever the environment says, because each worker must load PyTorch's libgomp through
-``LD_PRELOAD`` and bind its OpenMP threads before anything else starts them); those children
-exec a fresh interpreter and import vLLM again, and no zygote can help there without
-changing how vLLM starts them (see ``benchmarks/engine_startup.py`` for the figures).
+``LD_PRELOAD`` and bind its OpenMP threads before anything else starts them), unless the
+replica's engine core is forked (``VllmSettings.cpu_engine_start``, the default with the ``uni``
+executor, :mod:`serving.runtime.vllm_plugin`): it then shares the zygote's imports too, and a
+warm SmolLM2 replica answers its first inference in about 9 s instead of 22 cold
+(``benchmarks/engine_startup.py``, docs/benchmarks.md).
 
 An assignment is refused, before anything changes, when the replica would not be the one a
 cold ``Popen`` of the same argv and environment starts (:func:`refusal`): another python, an
