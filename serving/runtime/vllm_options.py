@@ -16,7 +16,6 @@ CPU_EXECUTORS = ("uni", "mp")
 # whose imports it shares), "spawn" (a new interpreter that imports torch and vLLM again: what
 # vLLM's CPU platform forces), "auto" (fork with the "uni" executor, spawn with "mp").
 CPU_ENGINE_STARTS = ("auto", "fork", "spawn")
-from serving.runtime.vllm_plugin import ENGINE_START_ENV  # noqa: F401 - what a replica's environment carries
 
 
 def _choice(environ, name: str, default: str, choices: tuple[str, ...]) -> str:

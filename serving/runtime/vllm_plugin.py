@@ -43,7 +43,7 @@ import sys
 from serving.runtime import amx
 
 ENTRY_POINT_NAME = "modelplane_cpu"  # the name in pyproject.toml, for VLLM_PLUGINS allow-lists
-ENGINE_START_ENV = "MODELPLANE_VLLM_ENGINE_START"  # serving.runtime.vllm_options sets it in a replica's environment
+ENGINE_START_ENV = "MODELPLANE_VLLM_ENGINE_START"  # VllmRuntime.command sets it in a replica's environment
 
 
 def disable_amx_kernels() -> None:

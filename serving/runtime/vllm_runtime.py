@@ -59,10 +59,9 @@ from serving.runtime import amx, cpu
 from serving.runtime.base import ProbeRequest, Progress, ReplicaLaunch, RuntimeConfig
 from serving.runtime.model_layout import ModelLayout, locate
 from serving.runtime.vllm_options import (
-    CPU_EXECUTORS, ENGINE_START_ENV, bind_threads_from_env, cpu_engine_start_from_env, cpu_executor_from_env,
-    engine_start,
+    CPU_EXECUTORS, bind_threads_from_env, cpu_engine_start_from_env, cpu_executor_from_env, engine_start,
 )
-from serving.runtime.vllm_plugin import ENTRY_POINT_NAME
+from serving.runtime.vllm_plugin import ENGINE_START_ENV, ENTRY_POINT_NAME
 
 GIB = 2**30
 # vLLM orders its priority queue by (priority, arrival): LOWER values run first
