@@ -100,3 +100,80 @@ def test_estimator_parameters_are_counted_through_pipelines():
     pipeline = make_pipeline(StandardScaler(), LogisticRegression(max_iter=500)).fit(X, y)
     scaler = 4 + 4 + 4  # mean_, var_, scale_ (n_samples_seen_ is a scalar)
     assert estimator_parameter_count(pipeline) == scaler + 19
+
+
+def _pipeline():
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    return make_pipeline(StandardScaler(), LogisticRegression(max_iter=500)).fit(*load_iris(return_X_y=True))
+
+
+def _fitted_estimators():
+    """Estimators of the shapes scikit-learn models take: plain, pipelines (one with a passthrough
+    step), ensembles (a list of trees, an object array of trees), a search, string labels."""
+    import numpy as np
+    from sklearn.datasets import load_iris
+    from sklearn.ensemble import BaggingClassifier, GradientBoostingClassifier, RandomForestClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import GridSearchCV
+    from sklearn.pipeline import Pipeline
+
+    X, y = load_iris(return_X_y=True)
+    names = np.array(["setosa", "versicolor", "virginica"], dtype=object)[y]
+    return {
+        "logistic": LogisticRegression(max_iter=500).fit(X, y),
+        "pipeline": _pipeline(),
+        "passthrough": Pipeline([("scale", "passthrough"), ("model", LogisticRegression(max_iter=500))]).fit(X, y),
+        "forest": RandomForestClassifier(n_estimators=3, random_state=0).fit(X, y),
+        "boosting": GradientBoostingClassifier(n_estimators=2, random_state=0).fit(X, y),
+        "bagging": BaggingClassifier(LogisticRegression(max_iter=500), n_estimators=2, random_state=0).fit(X, y),
+        "search": GridSearchCV(LogisticRegression(max_iter=500), {"C": [0.5, 1.0]}, cv=2).fit(X, y),
+        "string labels": LogisticRegression(max_iter=500).fit(X, names),
+    }
+
+
+def test_a_skops_file_is_counted_from_its_schema_as_the_loaded_estimator_is(tmp_path):
+    import skops.io
+
+    from assets.model_files import skops_parameter_count
+
+    for name, estimator in _fitted_estimators().items():
+        path = tmp_path / f"{name.replace(' ', '-')}.skops"
+        skops.io.dump(estimator, path)
+        assert skops_parameter_count(path) == estimator_parameter_count(estimator) > 0, name
+
+
+@pytest.fixture(scope="module")
+def skops_model(tmp_path_factory) -> Path:
+    """A pipeline of 31 learned numbers saved by MLflow with skops, as ``demo.iris`` logs iris."""
+    import mlflow.sklearn
+
+    path = tmp_path_factory.mktemp("skops") / "model"
+    mlflow.sklearn.save_model(_pipeline(), path, serialization_format="skops", pip_requirements=["scikit-learn"])
+    return path
+
+
+def test_describing_a_skops_model_loads_neither_skops_nor_scikit_learn(skops_model):
+    """The point of reading the schema: the first deploy step imported every scikit-learn module
+    (and torch) to count 19 numbers."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from pathlib import Path; from assets.model_files import describe;"
+             f"print(describe(Path({str(skops_model)!r})).parameter_count,"
+             " sorted(m for m in ('skops', 'sklearn', 'torch', 'mlflow') if m in sys.modules))")
+    described = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert described.stdout.split(maxsplit=1) == ["31", "[]\n"]
+
+
+def test_a_schema_it_cannot_follow_is_counted_by_loading_the_model(skops_model, monkeypatch):
+    from assets import model_files
+
+    def unreadable(path):
+        raise model_files.UnreadableSchema("a ReduceNode where an estimator was expected")
+
+    monkeypatch.setattr(model_files, "skops_parameter_count", unreadable)
+    assert model_files.describe(skops_model).parameter_count == 31
