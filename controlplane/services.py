@@ -201,12 +201,14 @@ def build_services(settings: Settings) -> list[Service]:
 def dagster_code_server(settings: Settings) -> Service:
     """The code location (``pipelines.definitions``) in one long-lived gRPC server on a Unix
     socket, which the webserver and the daemon share (:func:`dagster_workspace`); Dagster runs
-    launched through it start their run workers from it."""
+    launched through it start their run workers from it, forked from a process that has the code
+    location imported (:mod:`controlplane.code_server`)."""
     sock = settings.dagster_code_socket
     log = settings.logs_dir / "dagster-code-server.log"
     return Service(name="dagster-code-server",
-                   argv=[str(BIN / "dagster"), "api", "grpc", "--socket", str(sock), "-m", "pipelines.definitions",
-                         "-d", str(REPO_ROOT), "--location-name", CODE_LOCATION, "--log-level", "info"],
+                   argv=[sys.executable, "-m", "controlplane.code_server", "--socket", str(sock),
+                         "-m", "pipelines.definitions", "-d", str(REPO_ROOT), "--location-name", CODE_LOCATION,
+                         "--log-level", "info"],
                    healthy=_all_of(_log_says(log, "Started Dagster code server"), lambda: _socket_accepts(sock)))
 
 

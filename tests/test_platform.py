@@ -18,6 +18,7 @@ import pytest
 
 from benchmarks.reliability.platform import IRIS_REQUEST, REGISTER_IRIS, RunningPlatform
 from benchmarks.polling import answers_ok
+from controlplane.code_server import WORKER_LINE
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
@@ -221,10 +222,15 @@ def test_status_shows_each_endpoint_its_revision_replicas_and_traffic_on_the_run
 
 def test_one_dagster_code_server_serves_the_webserver_the_daemon_and_every_run(platform):
     """After minutes of deploys: the code server `up` started is the only one, and it was not
-    replaced (the daemon replaces code servers of its own every 60 s, importing the code again)."""
-    servers = [p for p in platform.processes() if "api grpc" in " ".join(p.cmdline())]
+    replaced (the daemon replaces code servers of its own every 60 s, importing the code again),
+    and each run's worker inherited the code location's imports from its forkserver."""
+    servers = [p for p in platform.processes()
+               if "api grpc" in " ".join(p.cmdline()) or "controlplane.code_server" in p.cmdline()]
     assert [s.ppid() for s in servers] == [platform.process.pid], [" ".join(s.cmdline()) for s in servers]
     assert time.time() - servers[0].create_time() > 120  # the deploy tests above took longer than that
+    workers = [line for line in (platform.home / "logs" / "dagster-code-server.log").read_text().splitlines()
+               if WORKER_LINE in line]
+    assert len(workers) >= 3 and all("already imported" in line for line in workers), workers
     workspace = (platform.home / "dagster" / "workspace.yaml").read_text()
     assert "grpc_server" in workspace and str(platform.home / "dagster" / "code-server.sock") in workspace
 

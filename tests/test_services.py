@@ -20,9 +20,9 @@ def test_the_webserver_and_the_daemon_start_after_the_code_server_and_load_the_w
     services = build_services(settings)
     names = [s.name for s in services]
     code_server = services[names.index("dagster-code-server")]
-    assert code_server.argv[1:3] == ["api", "grpc"]
+    assert code_server.argv[1:3] == ["-m", "controlplane.code_server"]  # `dagster api grpc`, run workers forked
     assert code_server.argv[code_server.argv.index("--socket") + 1] == str(settings.dagster_code_socket)
-    assert code_server.argv[code_server.argv.index("-m") + 1] == "pipelines.definitions"
+    assert code_server.argv[code_server.argv.index("-m", 2) + 1] == "pipelines.definitions"
     for name in ("dagster-webserver", "dagster-daemon"):
         service = services[names.index(name)]
         assert names.index(name) > names.index("dagster-code-server") and service.after == "dagster-code-server"
