@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from serving.router.ratelimit import WAIT_TOLERANCE_S, Charge, Limiter
@@ -86,7 +86,9 @@ def test_every_bucket_is_charged_or_none_is(steps):
 
 @given(rate_per_s=st.floats(0.1, 1000), burst=st.floats(1, 100), drained=st.floats(0, 1), wanted=st.floats(0, 1),
        start_s=st.floats(0, 1e6))
-@settings(max_examples=300)
+# About half the draws are admitted and discarded by the assume below; on some seeds the edge values
+# Hypothesis favours discard more, and its filter health check failed the test (seen once, 2026-12-07).
+@settings(max_examples=300, suppress_health_check=[HealthCheck.filter_too_much])
 def test_retry_after_is_the_exact_wait(rate_per_s, burst, drained, wanted, start_s):
     limiter = Limiter()
     assert limiter.admit([charge(rate_per_s=rate_per_s, burst=burst, amount=drained * burst)], start_s).admitted
