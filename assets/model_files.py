@@ -192,8 +192,8 @@ def _parameter_count(model_dir: Path, flavor: str, mlmodel: dict) -> int | None:
         if sklearn.get("serialization_format") == "skops" and sklearn.get("pickled_model"):
             try:
                 return skops_parameter_count(model_dir / sklearn["pickled_model"])
-            except (UnreadableSchema, KeyError, OSError, zipfile.BadZipFile, ValueError, SyntaxError):
-                pass  # read it the slow way
+            except (KeyError, OSError, zipfile.BadZipFile, ValueError, SyntaxError, AttributeError, TypeError):
+                pass  # UnreadableSchema (a ValueError) or a damaged file: read it the slow way
         import mlflow.sklearn
 
         return estimator_parameter_count(mlflow.sklearn.load_model(str(model_dir)))
