@@ -25,8 +25,9 @@ import os
 import sys
 from multiprocessing import forkserver
 
+CODE_LOCATION_MODULE = "pipelines.definitions"  # the module `up` passes as ``-m`` (controlplane.services)
 #: What the forkserver imports before it forks the first run worker.
-PRELOAD = ("controlplane.code_server", "dagster._grpc.impl", "pipelines.definitions")
+PRELOAD = ("controlplane.code_server", "dagster._grpc.impl", CODE_LOCATION_MODULE)
 WORKER_LINE = "the code location was"
 
 
@@ -34,7 +35,7 @@ def run_worker(*args) -> None:
     """Dagster's ``start_run_in_subprocess``, saying first whether its imports were inherited."""
     from dagster._grpc.impl import start_run_in_subprocess
 
-    inherited = "already" if "pipelines.definitions" in sys.modules else "not yet"
+    inherited = "already" if CODE_LOCATION_MODULE in sys.modules else "not yet"
     print(f"run worker {os.getpid()}: {WORKER_LINE} {inherited} imported", file=sys.stderr, flush=True)
     start_run_in_subprocess(*args)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from controlplane.code_server import CODE_LOCATION_MODULE
 from controlplane.settings import OFFLINE_ENV, REPO_ROOT, Secrets, Settings
 from serving.tls import tls_context
 
@@ -207,7 +208,7 @@ def dagster_code_server(settings: Settings) -> Service:
     log = settings.logs_dir / "dagster-code-server.log"
     return Service(name="dagster-code-server",
                    argv=[sys.executable, "-m", "controlplane.code_server", "--socket", str(sock),
-                         "-m", "pipelines.definitions", "-d", str(REPO_ROOT), "--location-name", CODE_LOCATION,
+                         "-m", CODE_LOCATION_MODULE, "-d", str(REPO_ROOT), "--location-name", CODE_LOCATION,
                          "--log-level", "info"],
                    healthy=_all_of(_log_says(log, "Started Dagster code server"), lambda: _socket_accepts(sock)))
 
