@@ -40,7 +40,7 @@ class ImageSettings:
     compression: str = "zstd"  # the squashfs compressor
     zstd_level: int = 3  # squashfs blocks and sectors (3: 6 s for 0.8 GB; 15: 95 s for 15 % less)
     squashfs_block_bytes: int = 128 << 10
-    layer_compresslevel: int = 1  # gzip level of the ordinary layers (1: fast; the seekable form is what starts)
+    layer_compresslevel: int = 1  # ISA-L gzip level (0-3) of the ordinary layers (1: fast; the seekable form starts)
     trace_startup: bool = True  # record the files the runtime opens while starting, and place them first
     trace_timeout_s: float = 900.0
 

@@ -60,7 +60,7 @@ def test_the_same_tree_gives_byte_identical_layers_whatever_the_times_and_the_pl
 
 def test_a_known_tree_gives_the_tar_it_gave_in_every_earlier_release(tmp_path):
     """The tar's digest (diff_id) is pinned: a registry that holds a layer from an older
-    build is not sent it again. (The gzip blob's digest also depends on the zlib build.)"""
+    build is not sent it again. (The gzip blob's digest also depends on ISA-L's build and kernels: docs/images.md.)"""
     root = tmp_path / "tree"
     (root / "bin").mkdir(parents=True)
     (root / "bin" / "serve").write_text("#!/bin/sh\nexec python -m serve\n")
