@@ -195,6 +195,32 @@ def test_a_partial_batch_is_written_after_the_flush_interval():
     run(scenario())
 
 
+def test_records_offered_during_a_write_wait_for_the_next_flush_instead_of_a_write_of_their_own():
+    """A busy router writes a batch per interval, not every few records as they arrive."""
+    sink = MemorySink()
+
+    async def scenario():
+        writer = InferenceLogWriter(sink, batch_size=3, flush_interval_s=3600)
+        task = asyncio.create_task(writer.run())
+        sink.pause()
+        for s in range(3):  # a full batch: written at once, and held in the sink
+            writer.offer(record(s))
+        while writer.buffered:
+            await asyncio.sleep(0.001)
+        writer.offer(record(3))
+        writer.offer(record(4))
+        sink.resume()
+        while writer.written < 3:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.2)  # time for a write of its own, had the drain gone on
+        assert sink.batches == [[record(0), record(1), record(2)]] and writer.buffered == 2
+        await writer.close()  # closing writes the rest
+        assert sink.batches[1:] == [[record(3), record(4)]]
+        await task
+
+    run(resuming(sink, scenario()))
+
+
 def test_a_failing_write_is_counted_and_dropped_and_later_batches_are_written():
     async def scenario():
         sink = MemorySink(fail_writes=1)

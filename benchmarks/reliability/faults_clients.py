@@ -1,7 +1,8 @@
 """Faults that clients cause: a flood of bad requests and a flood of unknown tokens beside
 another client's good traffic. Neither may count against the replicas (no ejection, no
-restart, no rollback) or cost the good client a request, and unknown tokens may not cost the
-control-plane database more than its idle level.
+restart, no rollback) or cost the good client a request, or cost the control-plane database
+more transactions than its idle level (``iris`` logs every request, the refused ones too: the
+routers' inference-log writes must stay batched, one a second each, however fast records come).
 
 Each flood is closed-loop clients that send as fast as they are answered
 (:class:`~benchmarks.reliability.load.RequestLoop` with no pause), so the rate they reach is
@@ -85,7 +86,7 @@ def _window(bed: FaultBed, name: str, duration_s: float, floods: list[Target], c
 
 
 def _judged_flood(bed: FaultBed, fault: str, required: str, name: str, duration_s: float, floods: list[Target],
-                  clients: int, answer_ok, judge_database: bool) -> FaultResult:
+                  clients: int, answer_ok) -> FaultResult:
     before = bed.serving("iris")
     replicas = {r.replica_id: (r.pid, r.restarts) for r in bed.replicas("iris")}
     ejections = _ejections(bed, "iris")
@@ -104,9 +105,8 @@ def _judged_flood(bed: FaultBed, fault: str, required: str, name: str, duration_
         "0 replicas ejected": ejected == 0,
         "no replica restarted or replaced": after == replicas,
         "0 rollbacks (the same revision serves)": bed.serving("iris") == before,
-        "the good client lost nothing": tally.sent > 0 and tally.failed == tally.lost == tally.refused == 0}
-    if judge_database:
-        checks["the database at its idle level (at most 1.2x + 1 transaction/s)"] = flood["transactions_per_s"] <= db_limit
+        "the good client lost nothing": tally.sent > 0 and tally.failed == tally.lost == tally.refused == 0,
+        "the database at its idle level (at most 1.2x + 1 transaction/s)": flood["transactions_per_s"] <= db_limit}
     return FaultResult.judged(
         fault, required, tally, checks,
         notes=f"{len(floods)} flooding processes of {clients} clients: {flood['flood_per_s']:.0f} requests/s "
@@ -129,9 +129,10 @@ def bad_requests(bed: FaultBed, duration_s: float = 60.0) -> FaultResult:
     floods = [Target(f"bad: {kind}", good.url, body, good.headers) for kind, body in BAD_BODIES.items()]
     return _judged_flood(
         bed, "a flood of bad requests beside good traffic",
-        "0 ejections, 0 restarts, 0 rollbacks; every bad request a 4xx with its reason; the good client loses nothing",
+        "0 ejections, 0 restarts, 0 rollbacks; every bad request a 4xx with its reason; the database at its idle "
+        "level; the good client loses nothing",
         "bad-requests", duration_s, floods, BAD_REQUEST_CLIENTS,
-        lambda r: 400 <= r.status < 500 and bool(r.detail.strip()), judge_database=False)
+        lambda r: 400 <= r.status < 500 and bool(r.detail.strip()))
 
 
 def bad_tokens(bed: FaultBed, duration_s: float = 60.0) -> FaultResult:
@@ -143,4 +144,4 @@ def bad_tokens(bed: FaultBed, duration_s: float = 60.0) -> FaultResult:
     return _judged_flood(
         bed, "a flood of unknown tokens beside good traffic",
         "the database at its idle level; every request a 401; 0 ejections, 0 restarts; the good client loses nothing",
-        "bad-tokens", duration_s, floods, BAD_TOKEN_CLIENTS, lambda r: r.status == 401, judge_database=True)
+        "bad-tokens", duration_s, floods, BAD_TOKEN_CLIENTS, lambda r: r.status == 401)

@@ -157,10 +157,17 @@ class InferenceLogWriter:
         self._buffer.clear()
 
     async def _drain(self) -> None:
-        """Write every buffered record, ``batch_size`` at a time. Only one drain ever runs: close()
+        """Write the records buffered when it began, ``batch_size`` at a time (all of them once closing).
+
+        Records offered while these are written wait for the next flush: a full batch wakes it at
+        once, a partial one after ``flush_interval_s``. (Draining until the buffer was empty made a
+        busy router write every few records as they came, one transaction each: 30-40 a second
+        per router under a flood of requests, instead of one.) Only one drain ever runs: close()
         drains itself only while run() is not running, and a run() that starts after close() exits."""
-        while self._buffer:
+        due = len(self._buffer)
+        while self._buffer and (due > 0 or self._closing):
             batch = [self._buffer.popleft() for _ in range(min(self.batch_size, len(self._buffer)))]
+            due -= len(batch)
             try:
                 await asyncio.to_thread(self.sink.write, batch)
             except Exception as exc:  # noqa: BLE001 - any sink failure: log, count, drop, go on
