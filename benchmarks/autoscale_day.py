@@ -39,6 +39,7 @@ from autoscale.sim.day import DaySettings, run_day
 from autoscale.sim.demand import DEFAULT_TRACE, read_trace
 from autoscale.sim.replica import COLD_STARTS
 from autoscale.sim.report import plot_day, table_markdown
+from autoscale.sim.workload import ReplicaModel
 from benchmarks.machine import write_result
 from benchmarks.repeats import spread
 
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
                                     for kind in COLD_STARTS if kind != HEADLINE_KIND]
     sizes = (trace.input_tokens, trace.output_tokens)
     started = time.monotonic()
-    model = routing.ReplicaModel(max_batch=ROUTING_MAX_BATCH)
+    model = ReplicaModel(max_batch=ROUTING_MAX_BATCH)
     duration_s = routing.QUICK_DURATION_S if args.quick else routing.DEFAULT_DURATION_S
     routed = [r.to_json() for load in ROUTING_LOADS for r in routing.compare(
         ROUTING_BALANCERS, ROUTING_REPLICAS, load, duration_s, 0, sizes, slow_factor=3.0, model=model)]

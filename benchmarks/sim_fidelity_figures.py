@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from autoscale.sim.demand import DEFAULT_TRACE, Demand, Trace
-from costmodel.fit import Coefficients, CostModel, target_concurrency
+from costmodel.fit import Coefficients, CostModel
+from costmodel.target import target_concurrency
 from costmodel.sweep import RequestSample, SweepPoint
 
 GOAL_LOW, GOAL_HIGH = 0.67, 1.5

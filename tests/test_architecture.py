@@ -50,3 +50,15 @@ def test_a_policy_that_imports_a_database_library_breaks_its_contract(report, tm
         monkeypatch.delitem(sys.modules, name)
     exit_code, out = report(copy / "pyproject.toml")
     assert exit_code != 0 and "BROKEN" in out and "autoscale.horizontal -> sqlalchemy" in out, out
+
+
+MAX_MODULE_LINES = 400  # STYLE: a module a reader can hold in mind
+
+
+def test_every_module_is_at_most_400_lines():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    too_long = {str(path.relative_to(ROOT)): lines
+                for package in config["tool"]["importlinter"]["root_packages"]
+                for path in sorted((ROOT / package).rglob("*.py"))
+                if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert too_long == {}, f"split these modules (lines): {too_long}"

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.fit import (MODEL_UNITS_PER_REPLICA_S, Coefficients, CostModel, fit_cost_model, fit_level,
-                           split_heldout, target_concurrency)
+from costmodel.fit import MODEL_UNITS_PER_REPLICA_S, Coefficients, CostModel, fit_cost_model, fit_level, split_heldout
 from costmodel.plot import plot_png
 from costmodel.sweep import RequestSample, SweepError, SweepPoint
+from costmodel.target import target_concurrency
 
 INPUTS, OUTPUTS = (32, 128, 384), (16, 48, 96)
 

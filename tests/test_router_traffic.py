@@ -253,7 +253,7 @@ def test_a_replica_that_times_out_or_drops_connections_is_ejected_too(fleet):
 
 
 def test_a_client_that_leaves_the_queue_gives_its_place_to_the_next(fleet):
-    from serving.router.app import acquire_unless_gone
+    from serving.router.gatekeeper import acquire_unless_gone
     from serving.router.queueing import ConcurrencyGate
 
     class Leaving:  # a request whose client disconnects after 0.05 s

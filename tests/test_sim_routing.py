@@ -9,7 +9,8 @@ import pytest
 
 import serving.router.balancing as balancing
 from autoscale.sim import routing
-from autoscale.sim.routing import ReplicaModel, Workload, compare, make_workload, read_sizes, simulate, summarize
+from autoscale.sim.routing import compare, simulate, summarize
+from autoscale.sim.workload import ReplicaModel, Workload, make_workload, read_sizes
 from serving.router.balancing import Balancer
 
 

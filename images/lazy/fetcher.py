@@ -40,7 +40,8 @@ from pathlib import Path
 
 from images.lazy.cache import SectorCache
 from images.lazy.plan import Run, batches, fill_order, plan_runs
-from images.oci.registry import NotFound, Registry, RegistryError, check_digest, sha256_digest
+from images.lazy.reader import SectorReader
+from images.oci.registry import Registry, RegistryError, check_digest, sha256_digest
 from images.seekable.codec import SectorCorrupt, decode_sector
 from images.seekable.index import SectorIndex
 
@@ -90,8 +91,7 @@ class LazyImage:
         self.parallel, self.max_request_bytes = parallel, max_request_bytes
         self.retries, self.backoff_s = retries, backoff_s
         self.read_budget_s, self.down_hold_s = read_budget_s, down_hold_s
-        self._down_until = float("-inf")  # registry reads fail at once until then (set by a failed read)
-        self._sleep, self._clock = sleep, clock
+        self._clock = clock
         self._pool = ThreadPoolExecutor(parallel, thread_name_prefix="lazy-fetch")
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when no foreground read is fetching
@@ -104,6 +104,9 @@ class LazyImage:
         self._threads: list[threading.Thread] = []
         self._fill: threading.Thread | None = None
         self._closed = False
+        self._reader = SectorReader(registry, repo, index, retries=retries, backoff_s=backoff_s,
+                                    read_budget_s=read_budget_s, down_hold_s=down_hold_s, sleep=sleep, clock=clock,
+                                    count=self._count)
 
     # -- BlockSource ----------------------------------------------------------------------
 
@@ -268,7 +271,7 @@ class LazyImage:
         decoded: dict[int, bytes] = {}
         errors: dict[int, OSError] = {}
         try:
-            stored = self._read_range(run.start, run.length)
+            stored = self._reader.read_range(run.start, run.length)
             for number in run.numbers:
                 sector = self.index.sectors[number]
                 start, end = self.index.span(number)
@@ -277,7 +280,7 @@ class LazyImage:
                     decoded[number] = decode_sector(sector, piece, end - start, number)
                 except SectorCorrupt:
                     try:
-                        decoded[number] = self._refetch(number)
+                        decoded[number] = self._reader.refetch(number)
                     except OSError as exc:
                         errors[number] = exc
             self._count(sectors_fetched=len(decoded))
@@ -294,50 +297,6 @@ class LazyImage:
                 else:
                     self._finish(number, error=errors.get(number) or OSError(
                         errno.EIO, f"fetching sector {number} of {self.data_digest} failed"))
-
-    def _refetch(self, number: int) -> bytes:
-        """Sector ``number`` alone, up to ``retries`` more times, until it matches its digest."""
-        sector = self.index.sectors[number]
-        start, end = self.index.span(number)
-        for _ in range(self.retries):
-            self._count(corrupt_refetches=1)
-            try:
-                return decode_sector(sector, self._read_range(sector.offset, sector.length), end - start, number)
-            except SectorCorrupt:
-                continue
-        raise OSError(errno.EIO, f"sector {number} of {self.data_digest} from registry {self.registry.url} "
-                                 f"does not match its digest after {self.retries + 1} fetches")
-
-    def _read_range(self, start: int, length: int) -> bytes:
-        """Stored bytes from the registry, retried with backoff; OSError(EIO) when it keeps failing."""
-        started = self._clock()
-        if started < self._down_until:
-            raise OSError(errno.EIO, f"registry {self.registry.url} failed a read less than {self.down_hold_s:g} s "
-                                     f"ago; bytes {start}+{length} of {self.data_digest} are not asked for until then")
-        failure: Exception | None = None
-        attempts = 0
-        for attempt in range(self.retries + 1):
-            attempts += 1
-            attempt_started = self._clock()
-            try:
-                data = self.registry.read_blob_range(self.repo, self.data_digest, start, length)
-            except NotFound as exc:  # the blob is gone: asking again will not bring it back
-                raise OSError(errno.EIO, f"registry {self.registry.url} no longer has {self.data_digest} "
-                                         f"in {self.repo}: {exc}") from exc
-            except (RegistryError, OSError) as exc:
-                failure = exc
-                # another attempt only if, as long as this one, it would end within the budget
-                delay, now = self.backoff_s * 2 ** attempt, self._clock()
-                if attempt == self.retries or now - started + delay + (now - attempt_started) > self.read_budget_s:
-                    break
-                self._sleep(delay)
-                continue
-            self._count(requests=1, bytes_fetched=len(data))
-            return data
-        self._down_until = self._clock() + self.down_hold_s
-        raise OSError(errno.EIO, f"registry {self.registry.url} failed to return bytes {start}+{length} of "
-                                 f"{self.data_digest} after {attempts} attempts in {self._clock() - started:.1f} s: "
-                                 f"{failure}") from failure
 
     def _finish(self, number: int, *, data: bytes | None = None, error: OSError | None = None) -> None:
         with self._lock:  # once popped no reader can join, so ``wanted`` is final

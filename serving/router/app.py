@@ -34,13 +34,14 @@ from serving.router.admission import RouterError
 from serving.router.balancing.keys import prefix_key, session_key
 from serving.router.config import RouterConfig
 from serving.router.errors import error_response
+from serving.router.exchange import Exchange
 from serving.router.openapi import DOCUMENT as OPENAPI
-from serving.router.gatekeeper import Gatekeeper
+from serving.router.gatekeeper import Gatekeeper, acquire_unless_gone
 from serving.router.inference_log import InferenceLogWriter, LogSink
 from serving.router.latency import LatencyWindow
 from serving.router.limits import check_content_type
 from serving.router.metrics import Metrics
-from serving.router.proxy import Exchange, Proxy
+from serving.router.proxy import Proxy
 from serving.router.recorder import Recorder
 from serving.router.signals import InFlightWindow
 from serving.router.table import EndpointRoute, RoutingTable
@@ -378,23 +379,3 @@ def create_app(config: RouterConfig, load_table: Callable[[], RoutingTable],
     app.state.gatekeeper = gatekeeper
     app.state.log_writer = writer
     return app
-
-
-async def acquire_unless_gone(gate, request: Request) -> None:
-    """Wait for a slot of ``gate``, but not for a client that went away meanwhile: its place in
-    the queue goes to the next (Starlette does not cancel a handler whose client left)."""
-    async def gone() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    acquiring, leaving = asyncio.ensure_future(gate.acquire()), asyncio.ensure_future(gone())
-    try:
-        await asyncio.wait({acquiring, leaving}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        leaving.cancel()
-        if not acquiring.done():
-            acquiring.cancel()
-            await asyncio.gather(acquiring, return_exceptions=True)  # let the gate see it leave
-    if acquiring.cancelled():
-        raise RouterError(499, "the client closed the connection while its request waited for a slot")
-    acquiring.result()  # a slot, or the queue's 429/503

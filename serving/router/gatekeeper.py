@@ -16,10 +16,12 @@ N × its rate. (Dividing by N would need the routers to agree on N; docs/router.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
 from controlplane.tokens import Grant
+from serving.router.errors import RouterError
 from serving.router.policy import RateLimit
 from serving.router.queueing import ConcurrencyGate
 from serving.router.ratelimit import Charge, Limiter
@@ -85,3 +87,24 @@ class Gatekeeper:
         else:
             gate.update(policy.max_concurrent_requests, policy.max_queued_requests, policy.max_queue_wait_s)
         return gate
+
+
+async def acquire_unless_gone(gate: ConcurrencyGate, request) -> None:
+    """Wait for a slot of ``gate``, but not for a client that went away meanwhile: its place in
+    the queue goes to the next (Starlette does not cancel a handler whose client left).
+    ``request`` is the Starlette request: its ``receive()`` says when the client disconnects."""
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    acquiring, leaving = asyncio.ensure_future(gate.acquire()), asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({acquiring, leaving}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        leaving.cancel()
+        if not acquiring.done():
+            acquiring.cancel()
+            await asyncio.gather(acquiring, return_exceptions=True)  # let the gate see it leave
+    if acquiring.cancelled():
+        raise RouterError(499, "the client closed the connection while its request waited for a slot")
+    acquiring.result()  # a slot, or the queue's 429/503

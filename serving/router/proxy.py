@@ -27,7 +27,7 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -40,6 +40,7 @@ from serving.router.balancing import make_balancer
 from serving.router.balancing.base import Snapshot
 from serving.router.balancing.sticky import bounded_pick, ring_for
 from serving.router.config import RouterConfig
+from serving.router.exchange import Exchange, ending_span, read_all, replica_headers
 from serving.router.latency import LatencyWindow
 from serving.router.metrics import Metrics
 from serving.router.outliers import OutlierDetector
@@ -49,27 +50,6 @@ from serving.router.tracing import Tracer
 
 log = logging.getLogger("modelplane.router")
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "server", "date"}
-# identity: bodies are relayed as they come, so they must not come compressed
-REPLICA_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
-
-
-@dataclass
-class Exchange:
-    """What became of one request, filled in by the proxy for the inference log."""
-
-    revision_id: str | None = None
-    role: str = "serve"
-    status: int = 0
-    replica_url: str | None = None  # the last replica it was sent to
-    retries: int = 0  # sends to another replica after the first could not take it
-    response_bytes: int = 0
-    response_head: bytes = b""  # the first ``keep_bytes`` of the answer, when asked for
-    keep_bytes: int = 0
-
-    def add(self, chunk: bytes) -> None:
-        self.response_bytes += len(chunk)
-        if len(self.response_head) < self.keep_bytes:
-            self.response_head += chunk[: self.keep_bytes - len(self.response_head)]
 
 
 class Proxy:
@@ -165,7 +145,7 @@ class Proxy:
         if self.tracer is not None:  # the replica (and a shadow copy) get the router span as parent
             span = self.tracer.start(route.name, upstream.trace_headers)
             upstream = replace(upstream, trace_headers=span.headers)
-            on_done = _ending_span(span, on_done)
+            on_done = ending_span(span, on_done)
         revision_id, replicas, role = traffic.choose(route.replicas, route.revision_id, route.canary, self._rng)
         exchange.revision_id, exchange.role = revision_id, role
         if role == "canary" and route.canary.cost is not None:  # priced on the revision that runs it
@@ -203,7 +183,7 @@ class Proxy:
             sent = time.perf_counter()
             try:
                 response = await self.session.post(f"{url}{upstream.path}", data=upstream.body,
-                                                   headers=_replica_headers(upstream))
+                                                   headers=replica_headers(upstream))
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 # No connection was made, so the replica never saw the request: safe to try another.
                 self._release(route.name, url, units)
@@ -286,7 +266,7 @@ class Proxy:
     async def _read_bounded(self, response: aiohttp.ClientResponse, endpoint: str) -> bytes:
         limit = self.config.max_response_bytes
         declared = response.content_length
-        content = None if declared is not None and declared > limit else await _read_all(response, limit)
+        content = None if declared is not None and declared > limit else await read_all(response, limit)
         if content is None:
             raise RouterError(502, f"replica of {endpoint!r} answered with a body larger than {limit} bytes; ask for "
                                    "less (e.g. fewer rows or tokens) or stream the answer")
@@ -374,10 +354,10 @@ class Proxy:
         started, status, answered, model_fault = time.perf_counter(), 599, 0, False
         try:
             async with self.session.post(f"{url}{upstream.path}", data=upstream.body,
-                                         headers=_replica_headers(upstream)) as response:
+                                         headers=replica_headers(upstream)) as response:
                 status = response.status
                 model_fault = response.headers.get(FAULT_HEADER) == MODEL_FAULT
-                content = await _read_all(response, self.config.max_response_bytes)
+                content = await read_all(response, self.config.max_response_bytes)
                 if content is None:
                     status = 502
                 else:
@@ -392,30 +372,3 @@ class Proxy:
         self.metrics.revision_requests.labels(name, shadow.revision_id, "shadow", str(status)).inc()
         if self.on_shadow is not None:
             self.on_shadow(upstream.route, shadow.revision_id, status, latency_ms, upstream.body, answered)
-
-
-def _replica_headers(upstream: Upstream) -> dict[str, str]:
-    """What a replica is sent besides the body: its type, no compression, and the trace headers."""
-    if upstream.content_type != REPLICA_HEADERS["Content-Type"]:
-        return {**REPLICA_HEADERS, "Content-Type": upstream.content_type, **upstream.trace_headers}
-    return {**REPLICA_HEADERS, **upstream.trace_headers} if upstream.trace_headers else REPLICA_HEADERS
-
-
-def _ending_span(span, on_done: Callable[[Exchange], None] | None) -> Callable[[Exchange], None]:
-    """``on_done``, after ending ``span`` with what became of the request."""
-    def done(exchange: Exchange) -> None:
-        span.end(exchange.revision_id, exchange.replica_url, exchange.status, exchange.retries)
-        if on_done is not None:
-            on_done(exchange)
-    return done
-
-
-async def _read_all(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
-    """The whole body, or None as soon as it grows past ``limit`` bytes."""
-    chunks, size = [], 0
-    async for chunk in response.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 
 from controlplane.inference_log import InferenceRecord
 from serving.router.inference_log import InferenceLogWriter, capped
-from serving.router.proxy import Exchange
+from serving.router.exchange import Exchange
 from serving.router.table import EndpointRoute
 
 

@@ -62,6 +62,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from serving.runtime.env_reads import EnvReads
+
 # Read by the interpreter at start-up or by native code when a library loads: a zygote cannot
 # take another value of these once its imports ran (prefix match, case-sensitive).
 NATIVE_ENV_PREFIXES = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO_", "NUMEXPR_",
@@ -211,60 +213,6 @@ def refusal(assignment: Assignment, facts: ZygoteFacts) -> str | None:
 
 # ---- the process ---------------------------------------------------------------------------
 
-class _EnvReads:
-    """Records the variables looked up by name in ``os.environ`` while installed.
-
-    Each read is filed under the code that made it (the first frame outside ``os`` and
-    ``collections.abc``). A place that read nearly every variable present copied or scanned the
-    environment (``dict(os.environ, LC_ALL="C")`` in ``platform``, tqdm's prefix scan) rather
-    than depending on any one value, and is left out (:data:`SCAN_SHARE`).
-    """
-
-    # A place that read this share of the variables present (and at least SCAN_MIN_PRESENT) was
-    # scanning: one line that needs many values reads mostly absent ones (tqdm read 35 of 43 here).
-    SCAN_SHARE = 0.5
-    SCAN_MIN_PRESENT = 8
-    LIBRARY_FILES = ("<frozen os>", "<frozen _collections_abc>", os.__file__, getattr(os.path, "__file__", ""))
-
-    def __init__(self) -> None:
-        self.by_place: dict[tuple[str, int], dict[str, str | None]] = {}
-        self._original = os._Environ.__getitem__
-
-    @property
-    def reads(self) -> dict[str, str | None]:
-        present = len(os.environ)
-        merged: dict[str, str | None] = {}
-        for found in self.by_place.values():
-            present_read = sum(v is not None for v in found.values())
-            if present_read >= max(self.SCAN_MIN_PRESENT, self.SCAN_SHARE * present):
-                continue
-            for key, value in found.items():
-                merged.setdefault(key, value)
-        return merged
-
-    def __enter__(self) -> _EnvReads:
-        original, by_place, library = self._original, self.by_place, self.LIBRARY_FILES
-
-        def getitem(environ, key):
-            if environ is os.environ and isinstance(key, str):
-                frame = sys._getframe(1)
-                while frame.f_back is not None and frame.f_code.co_filename in library:
-                    frame = frame.f_back
-                found = by_place.setdefault((frame.f_code.co_filename, frame.f_lineno), {})
-                if key not in found:
-                    try:
-                        found[key] = original(environ, key)
-                    except KeyError:
-                        found[key] = None  # looked up and absent: setting it later changes what was read
-            return original(environ, key)
-
-        os._Environ.__getitem__ = getitem
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        os._Environ.__getitem__ = self._original
-
-
 def _open_control(spec: str) -> socket.socket:
     if spec.startswith("fd:") or spec.isdigit():
         return socket.socket(fileno=int(spec.removeprefix("fd:")))
@@ -295,7 +243,7 @@ def preload(kind: ZygoteKind, modules: tuple[str, ...]) -> tuple[dict[str, str],
     for name, value in kind.pre_import_env.items():
         os.environ.setdefault(name, value)
     start_env = dict(os.environ)
-    with _EnvReads() as spy:
+    with EnvReads() as spy:
         for module in modules:
             importlib.import_module(module)
     # The modules to run are executed afresh as __main__; left in sys.modules, runpy would warn
