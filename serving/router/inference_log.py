@@ -161,7 +161,7 @@ class InferenceLogWriter:
 
         Records offered while these are written wait for the next flush: a full batch wakes it at
         once, a partial one after ``flush_interval_s``. (Draining until the buffer was empty made a
-        busy router write every few records as they came, one transaction each: 30-40 a second
+        busy router write every few records as they came, one transaction each: 15-20 a second
         per router under a flood of requests, instead of one.) Only one drain ever runs: close()
         drains itself only while run() is not running, and a run() that starts after close() exits."""
         due = len(self._buffer)
