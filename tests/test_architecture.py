@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+ROOT_PACKAGES = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["root_packages"]
 
 
 @pytest.fixture
@@ -31,10 +32,8 @@ def test_every_import_contract_is_kept(report):
 def test_a_policy_that_imports_a_database_library_breaks_its_contract(report, tmp_path, monkeypatch):
     """The contracts can fail: a copy of the project where the horizontal autoscaler's policy
     imports SQLAlchemy is reported broken, with the chain."""
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = config["tool"]["importlinter"]["root_packages"]
     copy = tmp_path / "project"
-    for package in packages:
+    for package in ROOT_PACKAGES:
         for source in (ROOT / package).rglob("*.py"):
             target = copy / source.relative_to(ROOT)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -46,7 +45,7 @@ def test_a_policy_that_imports_a_database_library_breaks_its_contract(report, tm
     # import-linter finds each package where Python would import it from: the copy, not this checkout
     monkeypatch.syspath_prepend(str(copy))
     monkeypatch.chdir(copy)  # `python -m pytest` put the working directory ('') first on sys.path
-    for name in [name for name in sys.modules if name.split(".")[0] in packages]:
+    for name in [name for name in sys.modules if name.split(".")[0] in ROOT_PACKAGES]:
         monkeypatch.delitem(sys.modules, name)
     exit_code, out = report(copy / "pyproject.toml")
     assert exit_code != 0 and "BROKEN" in out and "autoscale.horizontal -> sqlalchemy" in out, out
@@ -56,9 +55,8 @@ MAX_MODULE_LINES = 400  # STYLE: a module a reader can hold in mind
 
 
 def test_every_module_is_at_most_400_lines():
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     too_long = {str(path.relative_to(ROOT)): lines
-                for package in config["tool"]["importlinter"]["root_packages"]
+                for package in ROOT_PACKAGES
                 for path in sorted((ROOT / package).rglob("*.py"))
                 if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
     assert too_long == {}, f"split these modules (lines): {too_long}"

@@ -89,8 +89,6 @@ class LazyImage:
         self.data_digest = check_digest(index.data_digest)
         self.size = index.image_size
         self.parallel, self.max_request_bytes = parallel, max_request_bytes
-        self.retries, self.backoff_s = retries, backoff_s
-        self.read_budget_s, self.down_hold_s = read_budget_s, down_hold_s
         self._clock = clock
         self._pool = ThreadPoolExecutor(parallel, thread_name_prefix="lazy-fetch")
         self._lock = threading.Lock()
